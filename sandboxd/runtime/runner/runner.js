@@ -1,0 +1,63 @@
+// Porthole's JavaScript runner. It is the init process of one sandbox and serves exactly one run:
+//   1. signal readiness by writing "R" to fd 3 (the result channel),
+//   2. read one request {source, state} from stdin until EOF (EOF with no bytes means "exit"),
+//   3. run `source` as the body of an async function with `state` in scope,
+//   4. write {ok, result|error, state} as JSON to fd 3 and exit.
+// console.log goes to stdout, which sandboxd captures separately.
+'use strict';
+const fs = require('fs');
+
+const RESULT_FD = 3;
+let answered = false;
+
+function errorInfo(e) {
+  if (e instanceof Error) {
+    return { type: e.name || 'Error', message: String(e.message), stack: String(e.stack || '') };
+  }
+  let message;
+  try { message = typeof e === 'string' ? e : JSON.stringify(e); } catch (_) { message = String(e); }
+  return { type: 'Thrown', message: String(message), stack: '' };
+}
+
+function answer(payload) {
+  if (answered) return;
+  answered = true;
+  let text;
+  try {
+    text = JSON.stringify(payload);
+  } catch (e) {
+    text = JSON.stringify({
+      ok: false,
+      error: { type: 'SerializationError', message: 'result or state is not JSON-serialisable: ' + e.message, stack: '' },
+      state: null,
+    });
+  }
+  fs.writeSync(RESULT_FD, text);
+  fs.closeSync(RESULT_FD);
+  process.exit(0);
+}
+
+process.on('uncaughtException', (e) => answer({ ok: false, error: errorInfo(e), state: null }));
+process.on('unhandledRejection', (e) => answer({ ok: false, error: errorInfo(e), state: null }));
+
+fs.writeSync(RESULT_FD, 'R');
+const input = fs.readFileSync(0);
+if (input.length === 0) process.exit(0);
+const req = JSON.parse(input.toString('utf8'));
+const state = req.state === undefined || req.state === null ? {} : req.state;
+
+const AsyncFunction = Object.getPrototypeOf(async function () {}).constructor;
+(async () => {
+  let fn;
+  try {
+    fn = new AsyncFunction('state', req.source);
+  } catch (e) {
+    return answer({ ok: false, error: errorInfo(e), state });
+  }
+  try {
+    const result = await fn(state);
+    answer({ ok: true, result: result === undefined ? null : result, state });
+  } catch (e) {
+    answer({ ok: false, error: errorInfo(e), state });
+  }
+})();
