@@ -94,6 +94,10 @@ func (r *Runtime) prepareAssets() error {
 			return fmt.Errorf("runtime: rootfs skeleton: %w", err)
 		}
 	}
+	// runc gives a tmpfs the mode of the directory it is mounted on, whatever the mount options say.
+	if err := os.Chmod(filepath.Join(rootfs, "tmp"), 0o1777); err != nil {
+		return fmt.Errorf("runtime: rootfs skeleton: %w", err)
+	}
 	r.binds = map[string]string{}
 	for _, name := range hostRootLinks {
 		host := "/" + name

@@ -32,9 +32,16 @@ function answer(payload) {
       state: null,
     });
   }
-  fs.writeSync(RESULT_FD, text);
-  fs.closeSync(RESULT_FD);
-  process.exit(0);
+  // Pipe writes can be queued in Node: flush stdout and stderr before exiting, or output is lost.
+  let pending = 2;
+  const finish = () => {
+    if (--pending > 0) return;
+    fs.writeSync(RESULT_FD, text);
+    fs.closeSync(RESULT_FD);
+    process.exit(0);
+  };
+  process.stdout.write('', finish);
+  process.stderr.write('', finish);
 }
 
 process.on('uncaughtException', (e) => answer({ ok: false, error: errorInfo(e), state: null }));
@@ -45,6 +52,10 @@ const input = fs.readFileSync(0);
 if (input.length === 0) process.exit(0);
 const req = JSON.parse(input.toString('utf8'));
 const state = req.state === undefined || req.state === null ? {} : req.state;
+
+// Code made by the Function constructor runs in global scope, where CommonJS's `require` is missing:
+// give it one that resolves from /workspace, so require('./lib') finds the sandbox's files.
+globalThis.require = require('module').createRequire('/workspace/index.js');
 
 const AsyncFunction = Object.getPrototypeOf(async function () {}).constructor;
 (async () => {
