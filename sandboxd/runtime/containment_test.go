@@ -3,7 +3,6 @@ package runtime
 import (
 	"context"
 	"fmt"
-	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
@@ -11,45 +10,6 @@ import (
 	"testing"
 	"time"
 )
-
-// leftovers lists what of sandbox id still exists on the host: runtime state, cgroups, processes.
-func leftovers(t *testing.T, rt *Runtime, id string) []string {
-	t.Helper()
-	var found []string
-	ids, err := rt.List(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range ids {
-		if c == id {
-			found = append(found, "runtime state "+c)
-		}
-	}
-	_ = filepath.WalkDir("/sys/fs/cgroup", func(p string, d fs.DirEntry, err error) error {
-		if err != nil || !d.IsDir() {
-			return nil
-		}
-		if strings.Count(strings.TrimPrefix(p, "/sys/fs/cgroup"), "/") > 6 {
-			return fs.SkipDir
-		}
-		if d.Name() == id {
-			found = append(found, "cgroup "+p)
-			return fs.SkipDir
-		}
-		return nil
-	})
-	procs, _ := filepath.Glob("/proc/[0-9]*/cgroup")
-	for _, p := range procs {
-		b, err := os.ReadFile(p)
-		if err == nil && strings.Contains(string(b), "/"+id) {
-			found = append(found, "process "+filepath.Base(filepath.Dir(p)))
-		}
-	}
-	if _, err := os.Stat(rt.bundleDir(id)); err == nil {
-		found = append(found, "bundle "+rt.bundleDir(id))
-	}
-	return found
-}
 
 // runChecked runs src in a fresh sandbox, waits for it to be gone, and fails if anything remains.
 func runChecked(t *testing.T, rt *Runtime, lang Language, src string, timeout time.Duration) *RunResult {
@@ -68,7 +28,7 @@ func runChecked(t *testing.T, rt *Runtime, lang Language, src string, timeout ti
 	case <-time.After(30 * time.Second):
 		t.Fatalf("sandbox %s still alive 30s after its run", sb.ID)
 	}
-	if left := leftovers(t, rt, sb.ID); len(left) > 0 {
+	if left := rt.Remains(context.Background(), sb.ID); len(left) > 0 {
 		t.Fatalf("sandbox %s left behind: %v", sb.ID, left)
 	}
 	return res
