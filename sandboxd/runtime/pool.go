@@ -79,7 +79,15 @@ func (p *Pool) Get(ctx context.Context, lang Language) (*Sandbox, error) {
 			continue // died while waiting (should not happen; never hand it out)
 		}
 		p.mu.Unlock()
-		p.wake(lang)
+		// Refill once this sandbox is gone, not now: on a small machine a sandbox starting in the
+		// background would take CPU from the run about to happen in this one.
+		go func() {
+			select {
+			case <-s.Done():
+			case <-time.After(time.Second):
+			}
+			p.wake(lang)
+		}()
 		return s, nil
 	}
 	p.mu.Unlock()

@@ -217,14 +217,18 @@ func NewID() string {
 	return strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:]))
 }
 
+// initWrapper makes the descriptors sandboxd passes (4, 5, 6) the init's stdin, stdout and stderr,
+// closes the originals, and execs the runner, which so becomes pid 1 of the sandbox.
+var initWrapper = []string{"/bin/sh", "-c", `exec "$@" <&4 >&5 2>&6 4<&- 5>&- 6>&-`, "sh"}
+
 // interpreterArgs is the init command of a sandbox of one language.
 func (r *Runtime) interpreterArgs(lang Language) []string {
 	switch lang {
 	case Python:
 		// -I: ignore PYTHON* variables and the user site; -u: unbuffered, so output interleaves as written.
-		return []string{r.cfg.PythonPath, "-I", "-u", RunnerDir + "/runner.py"}
+		return append(initWrapper[:len(initWrapper):len(initWrapper)], r.cfg.PythonPath, "-I", "-u", RunnerDir+"/runner.py")
 	default:
-		return []string{r.cfg.NodePath, RunnerDir + "/runner.js"}
+		return append(initWrapper[:len(initWrapper):len(initWrapper)], r.cfg.NodePath, RunnerDir+"/runner.js")
 	}
 }
 

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 )
 
 // startTimeout bounds how long a sandbox may take from `runc run` to its runner's readiness byte.
@@ -33,6 +35,8 @@ type Sandbox struct {
 	results *os.File
 	stdout  *capture
 	stderr  *capture
+
+	runcStderr *capped // the runtime's own error output
 
 	exited   chan struct{} // closed once the runtime process (and so the container) is gone
 	exitCode int           // valid after exited is closed
@@ -106,13 +110,16 @@ func (r *Runtime) Start(ctx context.Context, lang Language, limits Limits) (*San
 	}
 	pipes = []*os.File{stdinR, resW, outW, errW}
 
-	// `runc run` in the foreground: it passes these descriptors straight to the container's init (no
-	// copying through runc), and when init exits it removes the container, cgroups included. Its own
-	// error messages go to a log file so they never mix with the sandbox's stderr.
+	// `runc run` in the foreground removes the container, cgroups included, when its init exits. Its
+	// own stdio it would copy through goroutines of its own, which reorders output against the answer
+	// on fd 3; so the sandbox's stdin, stdout and stderr are passed as extra descriptors instead (fds 4,
+	// 5 and 6, made 0, 1 and 2 by the init wrapper) and reach the runner untouched. runc's own messages
+	// go to its log file and to runcStderr.
 	cmd := r.runtimeCmd(context.Background(), "--log", filepath.Join(bundle, "runtime.log"), "run",
-		"--bundle", bundle, "--preserve-fds", "1", id)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdinR, outW, errW
-	cmd.ExtraFiles = []*os.File{resW} // fd 3 in the container
+		"--bundle", bundle, "--preserve-fds", "4", id)
+	s.runcStderr = &capped{limit: 16 << 10}
+	cmd.Stderr = s.runcStderr
+	cmd.ExtraFiles = []*os.File{resW, stdinR, outW, errW} // fds 3, 4, 5, 6 in the container
 	// Its own process group, so a signal to sandboxd's group (Ctrl-C) does not reach it: sandboxd
 	// decides when sandboxes die.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -163,8 +170,8 @@ func (r *Runtime) Start(ctx context.Context, lang Language, limits Limits) (*San
 		s.Kill()
 		<-s.exited
 		logTail, _ := os.ReadFile(filepath.Join(bundle, "runtime.log"))
-		return nil, fmt.Errorf("runtime: sandbox %s did not start: %w (stderr: %q, runtime log: %q)",
-			id, err, tail(s.stderr.String(), 512), tail(string(logTail), 512))
+		return nil, fmt.Errorf("runtime: sandbox %s did not start: %w (stderr: %q, runtime: %q, runtime log: %q)",
+			id, err, tail(s.stderr.String(), 512), tail(s.runcStderr.String(), 512), tail(string(logTail), 512))
 	}
 	return s, nil
 }
@@ -301,15 +308,28 @@ func (s *Sandbox) Run(ctx context.Context, req RunRequest) (*RunResult, error) {
 	}()
 	answerCh := make(chan []byte, 1)
 	go func() {
-		limit := int64(s.Limits.ResultBytes + 2*s.Limits.StateBytes + 64<<10)
-		b, _ := io.ReadAll(io.LimitReader(s.results, limit+1))
-		if int64(len(b)) > limit {
-			b = nil
-			s.Kill() // the rest would never be read
-			answerCh <- []byte("too large")
-			return
+		// The answer is one line. Read it byte-bounded: a line longer than the limit is refused
+		// without buffering the rest.
+		limit := s.Limits.ResultBytes + 2*s.Limits.StateBytes + 64<<10
+		br := bufio.NewReaderSize(s.results, 64<<10)
+		var line []byte
+		for {
+			chunk, err := br.ReadSlice('\n')
+			line = append(line, chunk...)
+			if len(line) > limit {
+				s.Kill() // the rest would never be read
+				answerCh <- []byte("too large")
+				return
+			}
+			if err == bufio.ErrBufferFull {
+				continue
+			}
+			if err != nil { // EOF before a complete line: the runner died
+				line = nil
+			}
+			break
 		}
-		answerCh <- b
+		answerCh <- line
 	}()
 
 	res := &RunResult{}
@@ -330,15 +350,21 @@ func (s *Sandbox) Run(ctx context.Context, req RunRequest) (*RunResult, error) {
 		return nil, fmt.Errorf("runtime: run canceled: %w", ctx.Err())
 	}
 
-	// Output is complete once every process of the sandbox has closed the pipes: normally right after
-	// the runner exits (its pid namespace dies with it). Background children get KillGrace, then die.
-	outDone := make(chan struct{})
-	go func() { s.stdout.wait(); s.stderr.wait(); close(outDone) }()
-	select {
-	case <-outDone:
-	case <-time.After(s.rt.cfg.KillGrace):
-		s.Kill()
-		<-outDone
+	// The runner flushes its stdout and stderr before it writes the answer, so once the answer is in,
+	// everything it printed is in the pipes or already read: drain what is buffered and answer now,
+	// without waiting for the sandbox to exit. Output written after the answer (by background children
+	// the end of the sandbox is about to kill) is not part of the run. A sandbox that has not exited by
+	// KillGrace is killed.
+	s.stdout.finish()
+	s.stderr.finish()
+	if !s.Exited() {
+		go func() {
+			select {
+			case <-s.exited:
+			case <-time.After(s.rt.cfg.KillGrace):
+				s.Kill()
+			}
+		}()
 	}
 	res.Stdout, res.StdoutTruncated = s.stdout.result()
 	res.Stderr, res.StderrTruncated = s.stderr.result()
@@ -395,8 +421,9 @@ func (s *Sandbox) Run(ctx context.Context, req RunRequest) (*RunResult, error) {
 	return res, nil
 }
 
-// capture reads a pipe to EOF, keeping at most limit bytes.
+// capture reads a pipe until EOF or finish, keeping at most limit bytes.
 type capture struct {
+	f         *os.File
 	mu        sync.Mutex
 	buf       bytes.Buffer
 	limit     int
@@ -405,7 +432,7 @@ type capture struct {
 }
 
 func newCapture(r *os.File, limit int) *capture {
-	c := &capture{limit: limit, done: make(chan struct{})}
+	c := &capture{f: r, limit: limit, done: make(chan struct{})}
 	go func() {
 		defer close(c.done)
 		defer r.Close()
@@ -430,7 +457,29 @@ func newCapture(r *os.File, limit int) *capture {
 	return c
 }
 
-func (c *capture) wait() { <-c.done }
+// finish stops the capture once the pipe holds no unread bytes, and waits for the reader to end. Every
+// byte written to the pipe before finish was called is captured (up to the limit).
+func (c *capture) finish() {
+	if rc, err := c.f.SyscallConn(); err == nil {
+		for range 20000 { // bounded: at most ~1s against a writer that keeps the pipe full
+			select {
+			case <-c.done:
+				return
+			default:
+			}
+			var n int
+			var ierr error
+			if err := rc.Control(func(fd uintptr) { n, ierr = unix.IoctlGetInt(int(fd), unix.TIOCINQ) }); err != nil || ierr != nil || n == 0 {
+				break
+			}
+			time.Sleep(50 * time.Microsecond)
+		}
+	}
+	// Wake the reader, which is blocked on an empty pipe (pipes from os.Pipe are pollable, so read
+	// deadlines apply). Bytes it has already taken from the pipe are appended before it returns.
+	_ = c.f.SetReadDeadline(time.Now())
+	<-c.done
+}
 
 func (c *capture) result() (string, bool) {
 	c.mu.Lock()
@@ -445,4 +494,26 @@ func tail(s string, n int) string {
 		return s[len(s)-n:]
 	}
 	return s
+}
+
+// capped is an io.Writer that keeps the first limit bytes.
+type capped struct {
+	mu    sync.Mutex
+	buf   bytes.Buffer
+	limit int
+}
+
+func (c *capped) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if room := c.limit - c.buf.Len(); room > 0 {
+		c.buf.Write(p[:min(len(p), room)])
+	}
+	return len(p), nil
+}
+
+func (c *capped) String() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.buf.String()
 }

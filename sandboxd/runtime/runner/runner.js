@@ -2,7 +2,7 @@
 //   1. signal readiness by writing "R" to fd 3 (the result channel),
 //   2. read one request {source, state} from stdin until EOF (EOF with no bytes means "exit"),
 //   3. run `source` as the body of an async function with `state` in scope,
-//   4. write {ok, result|error, state} as JSON to fd 3 and exit.
+//   4. write {ok, result|error, state} as one line of JSON to fd 3 and exit.
 // console.log goes to stdout, which sandboxd captures separately.
 'use strict';
 const fs = require('fs');
@@ -36,7 +36,9 @@ function answer(payload) {
   let pending = 2;
   const finish = () => {
     if (--pending > 0) return;
-    fs.writeSync(RESULT_FD, text);
+    // The newline ends the answer: sandboxd does not wait for EOF, which only comes once the runtime
+    // process (which also holds this pipe) has exited. JSON text never contains a raw newline.
+    fs.writeSync(RESULT_FD, text + '\n');
     fs.closeSync(RESULT_FD);
     process.exit(0);
   };
@@ -47,17 +49,23 @@ function answer(payload) {
 process.on('uncaughtException', (e) => answer({ ok: false, error: errorInfo(e), state: null }));
 process.on('unhandledRejection', (e) => answer({ ok: false, error: errorInfo(e), state: null }));
 
+// Code made by the Function constructor runs in global scope, where CommonJS's `require` is missing:
+// give it one that resolves from /workspace, so require('./lib') finds the sandbox's files.
+globalThis.require = require('module').createRequire('/workspace/index.js');
+const AsyncFunction = Object.getPrototypeOf(async function () {}).constructor;
+
+// Warm up before declaring readiness: process.stdout/stderr are built lazily (loading the stream and
+// pipe modules), and the first compile and JSON round trip are slow. Paying it now keeps it off the run.
+process.stdout.write('');
+process.stderr.write('');
+JSON.stringify(JSON.parse('{"warm":[1,"x",null]}'));
+new AsyncFunction('state', 'return state;')({});
+
 fs.writeSync(RESULT_FD, 'R');
 const input = fs.readFileSync(0);
 if (input.length === 0) process.exit(0);
 const req = JSON.parse(input.toString('utf8'));
 const state = req.state === undefined || req.state === null ? {} : req.state;
-
-// Code made by the Function constructor runs in global scope, where CommonJS's `require` is missing:
-// give it one that resolves from /workspace, so require('./lib') finds the sandbox's files.
-globalThis.require = require('module').createRequire('/workspace/index.js');
-
-const AsyncFunction = Object.getPrototypeOf(async function () {}).constructor;
 (async () => {
   let fn;
   try {

@@ -2,7 +2,7 @@
 #   1. signal readiness by writing "R" to fd 3 (the result channel),
 #   2. read one request {source, state} from stdin until EOF (EOF with no bytes means "exit"),
 #   3. run `source` as the body of a function with `state` in scope,
-#   4. write {ok, result|error, state} as JSON to fd 3 and exit.
+#   4. write {ok, result|error, state} as one line of JSON to fd 3 and exit.
 # print() goes to stdout, which sandboxd captures separately.
 import ast
 import json
@@ -40,7 +40,9 @@ def _answer(payload):
         sys.stderr.flush()
     except Exception:
         pass
-    data = text.encode("utf-8")
+    # The newline ends the answer: sandboxd does not wait for EOF, which only comes once the runtime
+    # process (which also holds this pipe) has exited. json.dumps never emits a raw newline.
+    data = text.encode("utf-8") + b"\n"
     while data:
         n = os.write(RESULT_FD, data)
         data = data[n:]
@@ -70,6 +72,9 @@ def _compile(source):
 
 
 def main():
+    # Warm up before declaring readiness: the first parse, compile and JSON round trip are slower.
+    json.dumps(json.loads('{"warm": [1, "x", null]}'))
+    _compile("return state")({})
     os.write(RESULT_FD, b"R")
     raw = sys.stdin.buffer.read()
     if not raw:
