@@ -11,15 +11,18 @@ import (
 // PoolConfig sizes the warm pools.
 type PoolConfig struct {
 	// Size is how many ready sandboxes each language keeps. Default 4; 0 disables warming (every run
-	// starts its sandbox cold).
+	// starts its sandbox cold, in the request).
 	Size int
 	// Starters is how many sandboxes may be starting at once across all languages. Default 2.
+	// Starting is CPU-bound (the OCI runtime and the interpreter): more starters than cores only
+	// makes every start slower.
 	Starters int
 }
 
 // Pool keeps pre-started sandboxes, per language, whose runners have loaded and wait for a run.
 // Each one serves exactly one run, for one owner, and is never returned to the pool: a run takes it,
-// and the pool starts a fresh one in the background.
+// and the pool starts a fresh one in the background. When a language's pool is empty, callers wait
+// for the next sandbox the starters make, so the machine never runs more starts than Starters.
 type Pool struct {
 	rt      *Runtime
 	log     *zap.Logger
@@ -29,10 +32,15 @@ type Pool struct {
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 
-	mu       sync.Mutex
-	ready    map[Language][]*Sandbox
-	starting map[Language]int
-	kick     map[Language]chan struct{}
+	mu    sync.Mutex
+	langs map[Language]*langPool
+}
+
+type langPool struct {
+	ready    chan *Sandbox
+	kick     chan struct{}
+	starting int // guarded by Pool.mu
+	waiting  int // callers blocked in Get; guarded by Pool.mu
 }
 
 // NewPool starts filling warm pools for every language. Close stops it.
@@ -43,15 +51,14 @@ func NewPool(rt *Runtime, cfg PoolConfig, log *zap.Logger) *Pool {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Pool{
 		rt: rt, log: log, size: cfg.Size, starter: make(chan struct{}, cfg.Starters),
-		ctx: ctx, cancel: cancel,
-		ready: map[Language][]*Sandbox{}, starting: map[Language]int{}, kick: map[Language]chan struct{}{},
+		ctx: ctx, cancel: cancel, langs: map[Language]*langPool{},
 	}
 	if p.size <= 0 {
 		return p
 	}
 	for _, lang := range Languages {
-		p.kick[lang] = make(chan struct{}, 1)
-		// One filler per concurrent start, so a language refills as fast as the starters allow.
+		// The channel holds the ready sandboxes plus any handed straight to waiting callers.
+		p.langs[lang] = &langPool{ready: make(chan *Sandbox, p.size+cfg.Starters), kick: make(chan struct{}, 1)}
 		for range cfg.Starters {
 			p.wg.Add(1)
 			go p.fill(lang)
@@ -62,61 +69,92 @@ func NewPool(rt *Runtime, cfg PoolConfig, log *zap.Logger) *Pool {
 
 // Ready returns how many warm sandboxes lang has now.
 func (p *Pool) Ready(lang Language) int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.ready[lang])
+	if lp := p.langs[lang]; lp != nil {
+		return len(lp.ready)
+	}
+	return 0
 }
 
-// Get returns a ready sandbox for lang: a warm one if there is one, else one started now.
-// The pool's default limits apply; callers with other limits use Runtime.Start.
+// Get returns a ready sandbox for lang: a warm one if there is one, else the next one the pool
+// starts. Without warming it starts one now. The pool's default limits apply; callers with other
+// limits use Runtime.Start.
 func (p *Pool) Get(ctx context.Context, lang Language) (*Sandbox, error) {
-	p.mu.Lock()
-	for len(p.ready[lang]) > 0 {
-		q := p.ready[lang]
-		s := q[0]
-		p.ready[lang] = q[1:]
-		if s.Exited() {
-			continue // died while waiting (should not happen; never hand it out)
-		}
-		p.mu.Unlock()
-		// Refill once this sandbox is gone, not now: on a small machine a sandbox starting in the
-		// background would take CPU from the run about to happen in this one.
-		go func() {
-			select {
-			case <-s.Done():
-			case <-time.After(time.Second):
+	lp := p.langs[lang]
+	if lp == nil {
+		return p.rt.Start(ctx, lang, p.rt.cfg.Limits)
+	}
+	for {
+		select {
+		case s := <-lp.ready:
+			if s.Exited() {
+				continue // died while waiting (should not happen); never hand it out
 			}
-			p.wake(lang)
-		}()
+			p.taken(lang, s)
+			return s, nil
+		default:
+		}
+		p.mu.Lock()
+		lp.waiting++
+		p.mu.Unlock()
+		p.wake(lang)
+		var s *Sandbox
+		select {
+		case s = <-lp.ready:
+		case <-ctx.Done():
+		case <-p.ctx.Done():
+		}
+		p.mu.Lock()
+		lp.waiting--
+		p.mu.Unlock()
+		if s == nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, p.ctx.Err()
+		}
+		if s.Exited() {
+			continue
+		}
+		p.taken(lang, s)
 		return s, nil
 	}
-	p.mu.Unlock()
-	p.wake(lang)
-	return p.rt.Start(ctx, lang, p.rt.cfg.Limits)
+}
+
+// taken schedules the refill for a sandbox just handed out: once it is gone, not now, because on a
+// small machine a sandbox starting in the background takes CPU from the run about to happen.
+// Waiting callers wake the starters themselves.
+func (p *Pool) taken(lang Language, s *Sandbox) {
+	go func() {
+		select {
+		case <-s.Done():
+		case <-time.After(time.Second):
+		case <-p.ctx.Done():
+		}
+		p.wake(lang)
+	}()
 }
 
 func (p *Pool) wake(lang Language) {
-	if ch := p.kick[lang]; ch != nil {
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
+	select {
+	case p.langs[lang].kick <- struct{}{}:
+	default:
 	}
 }
 
 func (p *Pool) fill(lang Language) {
 	defer p.wg.Done()
+	lp := p.langs[lang]
 	backoff := 100 * time.Millisecond
 	for {
 		p.mu.Lock()
-		need := len(p.ready[lang])+p.starting[lang] < p.size
+		need := len(lp.ready)+lp.starting < p.size+lp.waiting
 		if need {
-			p.starting[lang]++
+			lp.starting++
 		}
 		p.mu.Unlock()
 		if !need {
 			select {
-			case <-p.kick[lang]:
+			case <-lp.kick:
 				continue
 			case <-p.ctx.Done():
 				return
@@ -131,16 +169,15 @@ func (p *Pool) fill(lang Language) {
 		case <-p.ctx.Done():
 			err = p.ctx.Err()
 		}
-		p.mu.Lock()
-		p.starting[lang]--
 		if err == nil {
-			if p.ctx.Err() != nil {
-				p.mu.Unlock()
-				s.Release()
-				return
+			select {
+			case lp.ready <- s:
+			default:
+				s.Release() // more than the pool holds (waiters gave up): not needed
 			}
-			p.ready[lang] = append(p.ready[lang], s)
 		}
+		p.mu.Lock()
+		lp.starting--
 		p.mu.Unlock()
 		if err != nil {
 			if p.ctx.Err() != nil {
@@ -163,12 +200,15 @@ func (p *Pool) fill(lang Language) {
 func (p *Pool) Close() {
 	p.cancel()
 	p.wg.Wait()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for lang, q := range p.ready {
-		for _, s := range q {
-			s.Release()
+	for _, lp := range p.langs {
+		for {
+			select {
+			case s := <-lp.ready:
+				s.Release()
+				continue
+			default:
+			}
+			break
 		}
-		delete(p.ready, lang)
 	}
 }
