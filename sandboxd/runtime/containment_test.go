@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -153,6 +154,35 @@ except OSError as e:
 			},
 		},
 		{
+			name: "/workspace fill stops at its size",
+			lang: JavaScript,
+			src: `const fs = require('fs');
+let mib = 0;
+try { for (;;) { fs.appendFileSync('/workspace/fill', Buffer.alloc(1 << 20, 120)); mib++; } }
+catch (e) { return { mib, code: e.code }; }`,
+			check: func(t *testing.T, res *RunResult) {
+				if !res.OK || !strings.Contains(string(res.Result), `"code":"ENOSPC"`) || strings.Contains(string(res.Result), `"mib":0,`) {
+					t.Fatalf("want ENOSPC after some writes, got %+v %s", res.Error, res.Result)
+				}
+			},
+		},
+		{
+			name: "open files stop at the rlimit",
+			lang: Python,
+			src: `import resource
+fs = []
+try:
+    while True:
+        fs.append(open("/dev/null"))
+except OSError as e:
+    return {"opened": len(fs), "errno": e.errno, "limit": resource.getrlimit(resource.RLIMIT_NOFILE)}`,
+			check: func(t *testing.T, res *RunResult) {
+				if !res.OK || !strings.Contains(string(res.Result), `"errno": 24`) || !strings.Contains(string(res.Result), `"limit": [1024, 1024]`) {
+					t.Fatalf("want EMFILE at 1024, got %+v %s", res.Error, res.Result)
+				}
+			},
+		},
+		{
 			name: "writes outside /tmp and /workspace fail",
 			lang: Python,
 			src: `import os
@@ -268,6 +298,39 @@ return out`,
 			},
 		},
 		{
+			// CVE-2024-21626 leaked host directory descriptors into containers; whatever the runc
+			// version, the init must hold nothing but its pipes and the sandbox's own files.
+			name: "no host descriptors leak into the sandbox",
+			lang: Python,
+			src: `import os
+out = {}
+for fd in os.listdir("/proc/self/fd"):
+    try:
+        out[fd] = os.readlink("/proc/self/fd/" + fd)
+    except OSError:
+        pass
+return out`,
+			check: func(t *testing.T, res *RunResult) {
+				if !res.OK {
+					t.Fatalf("%+v", res.Error)
+				}
+				var fds map[string]string
+				if err := json.Unmarshal(res.Result, &fds); err != nil {
+					t.Fatal(err)
+				}
+				for fd, target := range fds {
+					if !strings.HasPrefix(target, "pipe:") && !strings.HasPrefix(target, "/proc/") && !strings.HasPrefix(target, "/dev/null") {
+						t.Errorf("fd %s -> %s: not a pipe of ours", fd, target)
+					}
+				}
+				for _, fd := range []string{"0", "1", "2", "3"} {
+					if !strings.HasPrefix(fds[fd], "pipe:") {
+						t.Errorf("fd %s is %q, want a pipe", fd, fds[fd])
+					}
+				}
+			},
+		},
+		{
 			name: "output is capped",
 			lang: JavaScript,
 			src:  "const line = 'x'.repeat(1023) + '\\n'; for (let i = 0; i < 3000; i++) process.stdout.write(line); return 1;",
@@ -307,5 +370,54 @@ return out`,
 			tc.check(t, runChecked(t, rt, tc.lang, tc.src, timeout))
 			assertHealthy(t, rt)
 		})
+	}
+}
+
+// TestCgroupLimits reads the limits of a live sandbox from the host's cgroup files (v1 or v2).
+func TestCgroupLimits(t *testing.T) {
+	rt := newTestRuntime(t)
+	sb, err := rt.Start(context.Background(), Python, rt.Limits())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { sb.Release(); <-sb.Done() }()
+	find := func(names ...string) (string, string) {
+		var path, val string
+		_ = filepath.WalkDir("/sys/fs/cgroup", func(p string, d os.DirEntry, err error) error {
+			if err != nil || path != "" {
+				return filepath.SkipDir
+			}
+			if d.IsDir() && d.Name() == sb.ID {
+				for _, n := range names {
+					if b, err := os.ReadFile(filepath.Join(p, n)); err == nil {
+						path, val = filepath.Join(p, n), strings.TrimSpace(string(b))
+						return filepath.SkipAll
+					}
+				}
+			}
+			return nil
+		})
+		return path, val
+	}
+	for _, c := range []struct {
+		files []string
+		want  []string
+	}{
+		{[]string{"memory.limit_in_bytes", "memory.max"}, []string{fmt.Sprint(rt.cfg.Limits.MemoryBytes)}},
+		{[]string{"pids.max"}, []string{fmt.Sprint(rt.cfg.Limits.Pids)}},
+		{[]string{"cpu.cfs_quota_us", "cpu.max"}, []string{"100000", "100000 100000"}},
+	} {
+		path, val := find(c.files...)
+		if path == "" {
+			t.Errorf("no cgroup file %v for sandbox %s", c.files, sb.ID)
+			continue
+		}
+		ok := false
+		for _, w := range c.want {
+			ok = ok || val == w
+		}
+		if !ok {
+			t.Errorf("%s = %q, want one of %v", path, val, c.want)
+		}
 	}
 }
