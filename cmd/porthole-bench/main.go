@@ -10,6 +10,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -24,7 +25,9 @@ import (
 	"sync"
 	"time"
 
+	sbruntime "github.com/porthole-dev/porthole/sandboxd/runtime"
 	"github.com/valyala/fasthttp"
+	"go.uber.org/zap"
 )
 
 type program struct {
@@ -185,6 +188,36 @@ func run(bin string, n int, pause time.Duration, poolSize int) error {
 		}
 	}
 
+	// The isolation floor: a cold sandbox per run through the runtime package, no API, no pool.
+	rtDir, err := os.MkdirTemp("", "porthole-bench-rt")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(rtDir)
+	rt, err := sbruntime.New(context.Background(), sbruntime.Config{Dir: rtDir, CgroupParent: "porthole-bench"}, zap.NewNop())
+	if err != nil {
+		return err
+	}
+	defer rt.Close()
+	coldRun := func(p program) func() error {
+		return func() error {
+			ctx := context.Background()
+			sb, err := rt.Start(ctx, sbruntime.Language(p.lang), rt.Limits())
+			if err != nil {
+				return err
+			}
+			res, err := sb.Run(ctx, sbruntime.RunRequest{Source: p.source, Timeout: 10 * time.Second})
+			if err != nil {
+				return err
+			}
+			<-sb.Done()
+			if !res.OK || string(res.Result) != p.wantResult {
+				return fmt.Errorf("bad result %s %+v", res.Result, res.Error)
+			}
+			return nil
+		}
+	}
+
 	var results []*stats
 	for _, p := range programs {
 		// Warm up both paths (page cache, pools).
@@ -196,6 +229,7 @@ func run(bin string, n int, pause time.Duration, poolSize int) error {
 			time.Sleep(2 * time.Second) // let the pools refill
 			results = append(results, measure(fmt.Sprintf("%s API ephemeral", p.lang), n, c, 0, apiRun(p)))
 			time.Sleep(2 * time.Second)
+			results = append(results, measure(fmt.Sprintf("%s cold sandbox, no API (runc floor)", p.lang), n/2, c, 0, coldRun(p)))
 		}
 		results = append(results, measure(fmt.Sprintf("%s API ephemeral, paced %v", p.lang, pause), n/2, 1, pause, apiRun(p)))
 		time.Sleep(2 * time.Second)
@@ -215,11 +249,11 @@ func run(bin string, n int, pause time.Duration, poolSize int) error {
 			ms(s.pct(0.5)), ms(s.pct(0.99)), tput, s.errors)
 	}
 	fmt.Println()
-	for i := 0; i+1 < len(results); i++ {
-		a, b := results[i], results[i+1]
+	for i := 0; i+2 < len(results); i++ {
+		a, b, c := results[i], results[i+1], results[i+2]
 		if strings.HasSuffix(a.name, "bare start") && strings.HasSuffix(b.name, "API ephemeral") && a.concurrency == b.concurrency {
-			fmt.Printf("- %s, concurrency %d: API throughput is %.0f%% of bare\n",
-				strings.TrimSuffix(a.name, " bare start"), a.concurrency, 100*b.throughput()/a.throughput())
+			fmt.Printf("- %s, concurrency %d: API throughput is %.0f%% of bare; a cold sandbox alone reaches %.0f%% of bare\n",
+				strings.TrimSuffix(a.name, " bare start"), a.concurrency, 100*b.throughput()/a.throughput(), 100*c.throughput()/a.throughput())
 		}
 	}
 	return nil
