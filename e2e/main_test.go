@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -73,6 +74,9 @@ type daemon struct {
 	dataDir string
 	logs    *syncBuffer
 	exited  chan error
+
+	stopOnce sync.Once
+	exitErr  error
 }
 
 func startDaemon(t *testing.T, dataDir string, extra ...string) *daemon {
@@ -106,10 +110,8 @@ func startDaemon(t *testing.T, dataDir string, extra ...string) *daemon {
 	}()
 	go func() { d.exited <- cmd.Wait() }()
 	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			<-d.exited
-		}
+		// Stop it the way an operator does, so it removes its sandboxes before t.TempDir is removed.
+		d.stop(t)
 		if t.Failed() {
 			t.Logf("sandboxd logs:\n%s", logs.String())
 		}
@@ -128,6 +130,21 @@ func startDaemon(t *testing.T, dataDir string, extra ...string) *daemon {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// stop sends SIGTERM and waits for the daemon to exit (SIGKILL after 40s). Safe to call twice.
+func (d *daemon) stop(t *testing.T) {
+	t.Helper()
+	d.stopOnce.Do(func() {
+		_ = d.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case d.exitErr = <-d.exited:
+		case <-time.After(40 * time.Second):
+			t.Errorf("sandboxd did not exit 40s after SIGTERM")
+			_ = d.cmd.Process.Kill()
+			d.exitErr = <-d.exited
+		}
+	})
 }
 
 // syncBuffer is a strings.Builder safe for one writer and concurrent readers.

@@ -5,7 +5,6 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -76,22 +75,17 @@ func TestSIGTERMDrains(t *testing.T) {
 		}()
 	}
 	time.Sleep(500 * time.Millisecond)
-	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
+	stopped := make(chan struct{})
+	go func() { d.stop(t); close(stopped) }()
 	for range 3 {
 		a := <-done
 		if a.code != 200 || a.out["result"] != "finished" {
 			t.Fatalf("run in flight during SIGTERM: %d %v", a.code, a.out)
 		}
 	}
-	select {
-	case err := <-d.exited:
-		if err != nil {
-			t.Fatalf("sandboxd exited with %v", err)
-		}
-	case <-time.After(40 * time.Second):
-		t.Fatal("sandboxd did not exit after SIGTERM")
+	<-stopped
+	if d.exitErr != nil {
+		t.Fatalf("sandboxd exited with %v", d.exitErr)
 	}
 	if left := runcContainers(t, dataDir); left != "" {
 		t.Fatalf("containers left after shutdown: %s", left)
