@@ -45,7 +45,8 @@ func (r *Runtime) Remains(ctx context.Context, id string) []string {
 	for _, p := range procs {
 		b, err := os.ReadFile(p)
 		if err == nil && strings.Contains(string(b), "/"+id) {
-			found = append(found, "process "+filepath.Base(filepath.Dir(p)))
+			stat, _ := os.ReadFile(filepath.Join(filepath.Dir(p), "stat"))
+			found = append(found, "process "+strings.TrimSpace(string(stat)))
 		}
 	}
 	return found

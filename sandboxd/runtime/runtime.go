@@ -18,9 +18,10 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 )
 
-//go:embed runner/runner.js runner/runner.py
+//go:embed runner/runner.js runner/runner.py runner/agent.py
 var runnerFS embed.FS
 
 // Runtime starts and stops sandboxes through an OCI runtime binary.
@@ -36,8 +37,9 @@ type Runtime struct {
 	closing bool
 }
 
-// New prepares the runtime's directories and assets, checks that the runtime binary runs, and removes
-// sandboxes a previous process left behind in its state directory.
+// New prepares the runtime's directories and assets and checks that the runtime binary and the
+// interpreters exist. Containers a previous process left behind are removed by Sweep, whose caller
+// knows which of them (durable sessions) to keep.
 func New(ctx context.Context, cfg Config, log *zap.Logger) (*Runtime, error) {
 	cfg.setDefaults()
 	if cfg.Dir == "" {
@@ -59,11 +61,14 @@ func New(ctx context.Context, cfg Config, log *zap.Logger) (*Runtime, error) {
 			return nil, fmt.Errorf("runtime: interpreter missing (apt-get install -y nodejs python3): %w", err)
 		}
 	}
+	// Session sandboxes are started detached: when `runc run --detach` exits, their init is
+	// reparented to the nearest child subreaper. Be that subreaper, so sandboxd reaps the inits it
+	// stops instead of leaving zombies to a host init that may not reap.
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		return nil, fmt.Errorf("runtime: become child subreaper: %w", err)
+	}
 	r := &Runtime{cfg: cfg, log: log, live: map[string]*Sandbox{}}
 	if err := r.prepareAssets(); err != nil {
-		return nil, err
-	}
-	if err := r.sweep(ctx); err != nil {
 		return nil, err
 	}
 	return r, nil
@@ -89,7 +94,7 @@ func (r *Runtime) prepareAssets() error {
 		return fmt.Errorf("runtime: clear assets: %w", err)
 	}
 	rootfs := filepath.Join(assets, "rootfs")
-	for _, d := range []string{"usr", "etc", "proc", "dev", "tmp", "workspace", "opt/porthole", "sys"} {
+	for _, d := range []string{"usr", "etc", "proc", "dev", "tmp", "workspace", "opt/porthole", "run/porthole", "sys"} {
 		if err := os.MkdirAll(filepath.Join(rootfs, d), 0o755); err != nil {
 			return fmt.Errorf("runtime: rootfs skeleton: %w", err)
 		}
@@ -144,7 +149,7 @@ func (r *Runtime) prepareAssets() error {
 	if err := os.MkdirAll(runner, 0o755); err != nil {
 		return fmt.Errorf("runtime: runner dir: %w", err)
 	}
-	for _, name := range []string{"runner.js", "runner.py"} {
+	for _, name := range []string{"runner.js", "runner.py", "agent.py"} {
 		b, err := runnerFS.ReadFile("runner/" + name)
 		if err != nil {
 			return fmt.Errorf("runtime: embedded %s: %w", name, err)
@@ -166,24 +171,41 @@ func (r *Runtime) runtimeCmd(ctx context.Context, args ...string) *exec.Cmd {
 	return exec.CommandContext(ctx, r.cfg.RuntimePath, append([]string{"--root", r.stateDir()}, args...)...)
 }
 
-// sweep force-deletes every container in our state root: after a restart none of them has a process
-// that serves us (their pipes ended with the previous sandboxd), so they are leftovers.
-func (r *Runtime) sweep(ctx context.Context) error {
+// Sweep force-deletes every container in our state root that this process did not start and keep
+// does not claim (keep may be nil): ephemeral sandboxes of a previous process serve nobody (their
+// pipes ended with it), while durable sessions are kept for re-adoption. It returns the removed ids.
+func (r *Runtime) Sweep(ctx context.Context, keep func(id string) bool) ([]string, error) {
 	ids, err := r.List(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	var removed []string
 	for _, id := range ids {
-		r.log.Info("removing leftover sandbox", zap.String("sandbox", id))
+		r.mu.Lock()
+		_, mine := r.live[id]
+		r.mu.Unlock()
+		if mine || (keep != nil && keep(id)) {
+			continue
+		}
+		removed = append(removed, id)
+		r.log.Info("removing sandbox with no owner", zap.String("sandbox", id))
 		if out, err := r.runtimeCmd(ctx, "delete", "--force", id).CombinedOutput(); err != nil {
 			r.log.Warn("remove leftover sandbox", zap.String("sandbox", id), zap.Error(err), zap.ByteString("output", out))
+		}
+		if err := r.removeSessionFiles(id); err != nil {
+			r.log.Warn("remove leftover session files", zap.String("sandbox", id), zap.Error(err))
 		}
 	}
 	entries, _ := os.ReadDir(filepath.Join(r.cfg.Dir, "bundles"))
 	for _, e := range entries {
-		_ = os.RemoveAll(filepath.Join(r.cfg.Dir, "bundles", e.Name()))
+		r.mu.Lock()
+		_, mine := r.live[e.Name()]
+		r.mu.Unlock()
+		if !mine {
+			_ = os.RemoveAll(filepath.Join(r.cfg.Dir, "bundles", e.Name()))
+		}
 	}
-	return nil
+	return removed, nil
 }
 
 // List returns the ids of the containers the OCI runtime knows in our state root.

@@ -392,33 +392,41 @@ func (s *Sandbox) Run(ctx context.Context, req RunRequest) (*RunResult, error) {
 			res.Error = &RunError{Type: "ProcessExited", Message: fmt.Sprintf("the program ended (exit status %d) before returning a result", s.exitCode)}
 		}
 	default:
-		var ans runnerAnswer
-		if err := json.Unmarshal(raw, &ans); err != nil {
-			res.Outcome = "error"
-			res.Error = &RunError{Type: "ProtocolError", Message: "the runner's answer is not valid JSON (did the program write to fd 3?)"}
-			break
-		}
-		res.OK, res.Result, res.Error, res.State = ans.OK, ans.Result, ans.Error, ans.State
-		res.Outcome = "ok"
-		if !res.OK {
-			res.Outcome = "error"
-			if res.Error == nil {
-				res.Error = &RunError{Type: "Error", Message: "the run failed without details"}
-			}
-		}
-		if len(res.Result) > s.Limits.ResultBytes {
-			res.OK, res.Result, res.Outcome = false, nil, "too_large"
-			res.Error = &RunError{Type: "ResultTooLarge", Message: fmt.Sprintf("the result is %d bytes of JSON; the limit is %d", len(ans.Result), s.Limits.ResultBytes)}
-		}
-		if len(res.State) > s.Limits.StateBytes {
-			res.OK, res.State, res.Outcome = false, nil, "too_large"
-			res.Error = &RunError{Type: "StateTooLarge", Message: fmt.Sprintf("the state is %d bytes of JSON; the limit is %d", len(ans.State), s.Limits.StateBytes)}
-		}
+		parseAnswer(raw, s.Limits, res)
 	}
 	if !res.OK {
 		res.Result = nil
 	}
 	return res, nil
+}
+
+// parseAnswer fills res from a runner's answer line, enforcing the result and state limits.
+func parseAnswer(raw []byte, limits Limits, res *RunResult) {
+	var ans runnerAnswer
+	if err := json.Unmarshal(raw, &ans); err != nil {
+		res.Outcome = "error"
+		res.Error = &RunError{Type: "ProtocolError", Message: "the runner's answer is not valid JSON (did the program write to the answer descriptor?)"}
+		return
+	}
+	res.OK, res.Result, res.Error, res.State = ans.OK, ans.Result, ans.Error, ans.State
+	res.Outcome = "ok"
+	if !res.OK {
+		res.Outcome = "error"
+		if res.Error == nil {
+			res.Error = &RunError{Type: "Error", Message: "the run failed without details"}
+		}
+	}
+	if len(res.Result) > limits.ResultBytes {
+		res.OK, res.Result, res.Outcome = false, nil, "too_large"
+		res.Error = &RunError{Type: "ResultTooLarge", Message: fmt.Sprintf("the result is %d bytes of JSON; the limit is %d", len(ans.Result), limits.ResultBytes)}
+	}
+	if len(res.State) > limits.StateBytes {
+		res.OK, res.State, res.Outcome = false, nil, "too_large"
+		res.Error = &RunError{Type: "StateTooLarge", Message: fmt.Sprintf("the state is %d bytes of JSON; the limit is %d", len(ans.State), limits.StateBytes)}
+	}
+	if !res.OK {
+		res.Result = nil
+	}
 }
 
 // capture reads a pipe until EOF or finish, keeping at most limit bytes.

@@ -11,6 +11,7 @@ import (
 const (
 	RunnerDir    = "/opt/porthole"
 	WorkspaceDir = "/workspace"
+	AgentDir     = "/run/porthole" // a session's agent socket
 )
 
 // hostRootLinks are the top-level host entries a sandbox sees besides /usr: on a merged-/usr host they
@@ -35,6 +36,11 @@ type bundleSpec struct {
 	Limits Limits
 	// Binds are extra read-only bind mounts (host source → destination), e.g. a non-merged /lib.
 	Binds map[string]string
+	// WorkspaceHost, when set, is a host directory bound read-write at /workspace instead of a
+	// tmpfs of the sandbox's own (sessions keep their files across stop and resume this way).
+	WorkspaceHost string
+	// RunHost, when set, is a host directory bound read-write at /run/porthole: the agent's socket.
+	RunHost string
 }
 
 // buildSpec returns the OCI runtime spec of one sandbox. rootfs is the shared read-only skeleton.
@@ -57,9 +63,16 @@ func (r *Runtime) buildSpec(b bundleSpec) *specs.Spec {
 		{Destination: "/etc", Type: "bind", Source: filepath.Join(r.assetsDir(), "etc"), Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}},
 		{Destination: RunnerDir, Type: "bind", Source: filepath.Join(r.assetsDir(), "runner"), Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}},
 		{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777", fmt.Sprintf("size=%d", l.TmpBytes)}},
-		{Destination: WorkspaceDir, Type: "tmpfs", Source: "tmpfs", Options: []string{
+	}
+	if b.WorkspaceHost != "" {
+		mounts = append(mounts, specs.Mount{Destination: WorkspaceDir, Type: "bind", Source: b.WorkspaceHost, Options: []string{"rbind", "rw", "nosuid", "nodev"}})
+	} else {
+		mounts = append(mounts, specs.Mount{Destination: WorkspaceDir, Type: "tmpfs", Source: "tmpfs", Options: []string{
 			"nosuid", "nodev", "mode=0755", fmt.Sprintf("size=%d", l.WorkspaceBytes),
-			fmt.Sprintf("uid=%d", r.cfg.UID), fmt.Sprintf("gid=%d", r.cfg.GID)}},
+			fmt.Sprintf("uid=%d", r.cfg.UID), fmt.Sprintf("gid=%d", r.cfg.GID)}})
+	}
+	if b.RunHost != "" {
+		mounts = append(mounts, specs.Mount{Destination: AgentDir, Type: "bind", Source: b.RunHost, Options: []string{"rbind", "rw", "nosuid", "nodev", "noexec"}})
 	}
 	for src, dst := range b.Binds {
 		mounts = append(mounts, specs.Mount{Destination: dst, Type: "bind", Source: src, Options: []string{"rbind", "ro", "nosuid", "nodev"}})

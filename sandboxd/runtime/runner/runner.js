@@ -7,7 +7,9 @@
 'use strict';
 const fs = require('fs');
 
-const RESULT_FD = 3;
+// The answer channel: fd 3 in an ephemeral sandbox; a session's agent names another in the environment.
+const RESULT_FD = Number(process.env.PORTHOLE_ANSWER_FD || 3);
+delete process.env.PORTHOLE_ANSWER_FD;
 let answered = false;
 
 function errorInfo(e) {

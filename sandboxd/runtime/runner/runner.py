@@ -10,7 +10,8 @@ import os
 import sys
 import traceback
 
-RESULT_FD = 3
+# The answer channel: fd 3 in an ephemeral sandbox; a session's agent names another in the environment.
+RESULT_FD = int(os.environ.pop("PORTHOLE_ANSWER_FD", "3"))
 
 
 def _error(e):
