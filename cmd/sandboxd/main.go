@@ -21,7 +21,9 @@ import (
 	"time"
 
 	"github.com/porthole-dev/porthole/sandboxd/api"
+	"github.com/porthole-dev/porthole/sandboxd/edgeapi"
 	sbruntime "github.com/porthole-dev/porthole/sandboxd/runtime"
+	"github.com/porthole-dev/porthole/sandboxd/session"
 	"github.com/porthole-dev/porthole/sandboxd/store"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -34,6 +36,9 @@ usage:
   sandboxd keys create --data-dir DIR --owner NAME     prints the new key as the last line
   sandboxd keys list   --data-dir DIR
   sandboxd keys revoke --data-dir DIR KEY_ID
+  sandboxd owners list   --data-dir DIR
+  sandboxd owners delete --data-dir DIR NAME           deletes its keys and sessions; the running
+                                                      sandboxd reaps their sandboxes at its next pass
 
 Every flag can also be set by an environment variable: --data-dir is PORTHOLE_DATA_DIR, and so on.
 Run 'sandboxd serve -h' for all flags.
@@ -56,6 +61,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return serve(ctx, args[1:], stderr)
 	case "keys":
 		return keys(ctx, args[1:], stdout, stderr)
+	case "owners":
+		return owners(ctx, args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return nil
@@ -111,6 +118,10 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	memMiB := fs.num("sandbox-memory-mib", 256, "memory limit of a sandbox, MiB")
 	pids := fs.num("sandbox-pids", 128, "process and thread limit of a sandbox")
 	tmpMiB := fs.num("sandbox-tmp-mib", 64, "size of a sandbox's /tmp, MiB")
+	previewPort := fs.num("preview-port", 443, "the edge's HTTPS port, shown in preview URLs unless 443")
+	reapInterval := fs.Duration("reap-interval", envDuration("reap-interval", 30*time.Second), "how often the maintenance job reconciles sandboxes with the store (env PORTHOLE_REAP_INTERVAL)")
+	internalListen := fs.str("internal-listen", "", "also serve the edge's internal endpoint on this TCP address (needs --internal-secret)")
+	internalSecret := fs.str("internal-secret", "", "shared secret the edge sends on the TCP internal endpoint")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -151,10 +162,45 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	defer rt.Close()
+	sessions := session.New(session.Config{}, log.Named("sessions"), st, rt)
+	// Before serving: re-adopt running sessions, reap runtimes nobody owns, mark vanished ones lost.
+	if err := sessions.Reconcile(ctx); err != nil {
+		return fmt.Errorf("initial maintenance pass: %w", err)
+	}
 	pool := sbruntime.NewPool(rt, sbruntime.PoolConfig{Size: *poolSize, Starters: *starters}, log.Named("pool"))
 	defer pool.Close()
+	reapCtx, stopReaper := context.WithCancel(ctx)
+	defer stopReaper()
+	go sessions.RunReaper(reapCtx, *reapInterval)
 
-	srv := api.New(api.Config{MaxParallelRuns: *parallel, MaxQueuedRuns: *queue}, log.Named("api"), st, rt, pool)
+	srv := api.New(api.Config{MaxParallelRuns: *parallel, MaxQueuedRuns: *queue, PreviewDomain: *previewDomain, PreviewPort: *previewPort},
+		log.Named("api"), st, rt, pool, sessions)
+
+	// The edge's internal endpoint: a unix socket in the data dir, never on the API listener.
+	sock := filepath.Join(*dataDir, "internal.sock")
+	_ = os.Remove(sock)
+	internalLn, err := net.Listen("unix", sock)
+	if err != nil {
+		return fmt.Errorf("internal endpoint: %w", err)
+	}
+	if err := os.Chmod(sock, 0o600); err != nil {
+		return fmt.Errorf("internal endpoint: %w", err)
+	}
+	internal := &http.Server{Handler: edgeapi.New(log.Named("edgeapi"), sessions, rt, *previewDomain, ""), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = internal.Serve(internalLn) }()
+	defer internal.Close()
+	if *internalListen != "" {
+		if len(*internalSecret) < 16 {
+			return errors.New("--internal-listen needs --internal-secret of at least 16 characters")
+		}
+		tln, err := net.Listen("tcp", *internalListen)
+		if err != nil {
+			return fmt.Errorf("internal endpoint: %w", err)
+		}
+		tcpInternal := &http.Server{Handler: edgeapi.New(log.Named("edgeapi"), sessions, rt, *previewDomain, *internalSecret), ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = tcpInternal.Serve(tln) }()
+		defer tcpInternal.Close()
+	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", *listen, err)
@@ -187,9 +233,56 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if err := hs.Shutdown(sctx); err != nil {
 		log.Warn("shutdown: runs still in flight were cut", zap.Error(err))
 	}
+	stopReaper()
 	pool.Close()
 	rt.Close()
-	log.Info("stopped; no sandbox left", zap.Int64("sandboxesAlive", rt.Alive()))
+	// Durable sessions keep running: they are re-adopted at the next start.
+	log.Info("stopped; no ephemeral sandbox left", zap.Int64("sandboxesAlive", rt.Alive()))
+	return nil
+}
+
+func envDuration(flagName string, def time.Duration) time.Duration {
+	if d, err := time.ParseDuration(envDefault(flagName, "")); err == nil {
+		return d
+	}
+	return def
+}
+
+func owners(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return errors.New("owners: a subcommand is required: list or delete")
+	}
+	fs := newFlags("owners "+args[0], stderr)
+	dataDir := fs.str("data-dir", "/var/lib/porthole", "data directory")
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	st, err := store.Open(ctx, *dataDir)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	switch args[0] {
+	case "list":
+		names, err := st.Owners(ctx)
+		if err != nil {
+			return err
+		}
+		for _, n := range names {
+			fmt.Fprintln(stdout, n)
+		}
+	case "delete":
+		if fs.NArg() != 1 {
+			return errors.New("owners delete: name one owner")
+		}
+		if err := st.DeleteOwner(ctx, fs.Arg(0)); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "deleted owner %s with its keys and sessions; its sandboxes are reaped at the next maintenance pass\n", fs.Arg(0))
+	default:
+		return fmt.Errorf("owners: unknown subcommand %q: use list or delete", args[0])
+	}
 	return nil
 }
 

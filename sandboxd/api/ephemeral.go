@@ -190,22 +190,7 @@ func (s *Server) runEphemeral(ctx context.Context, owner string, lang runtime.La
 	}
 	log.Debug("run", zap.String("sandbox", sb.ID), zap.String("language", string(lang)), zap.String("outcome", res.Outcome), zap.Duration("duration", res.Duration))
 
-	state := res.State
-	if state == nil || bytes.Equal(state, []byte("null")) {
-		// The run left no state (it died, or its state was refused): the state it started with is
-		// returned unchanged, so nothing is lost.
-		state = run.State
-		if state == nil {
-			state = json.RawMessage("{}")
-		}
-	}
-	result := res.Result
-	if result == nil {
-		result = json.RawMessage("null")
-	}
-	return &runResponse{
-		ID: sb.ID, OK: res.OK, Result: result, Stdout: res.Stdout, Stderr: res.Stderr,
-		StdoutTruncated: res.StdoutTruncated, StderrTruncated: res.StderrTruncated,
-		DurationMs: float64(res.Duration.Microseconds()) / 1000, TimedOut: res.TimedOut, Error: res.Error, State: state,
-	}, nil
+	// A run that left no state (it died, or its state was refused) returns the state it started
+	// with, unchanged, so nothing is lost.
+	return responseOf(sb.ID, res, run.State), nil
 }

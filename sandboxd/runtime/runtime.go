@@ -189,8 +189,9 @@ func (r *Runtime) Sweep(ctx context.Context, keep func(id string) bool) ([]strin
 		}
 		removed = append(removed, id)
 		r.log.Info("removing sandbox with no owner", zap.String("sandbox", id))
-		if out, err := r.runtimeCmd(ctx, "delete", "--force", id).CombinedOutput(); err != nil {
-			r.log.Warn("remove leftover sandbox", zap.String("sandbox", id), zap.Error(err), zap.ByteString("output", out))
+		// Kill, reap (sandboxd is the subreaper of detached inits) and delete.
+		if err := r.StopSession(ctx, id); err != nil {
+			r.log.Warn("remove leftover sandbox", zap.String("sandbox", id), zap.Error(err))
 		}
 		if err := r.removeSessionFiles(id); err != nil {
 			r.log.Warn("remove leftover session files", zap.String("sandbox", id), zap.Error(err))
@@ -274,3 +275,7 @@ func (r *Runtime) Close() {
 		r.log.Error("sandboxes still running 30s after close")
 	}
 }
+
+// SandboxUser returns the uid and gid sandboxed code runs as (files sandboxd writes into a
+// workspace are given to them).
+func (r *Runtime) SandboxUser() (int, int) { return int(r.cfg.UID), int(r.cfg.GID) }

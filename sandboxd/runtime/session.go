@@ -39,7 +39,9 @@ var ErrNotRunning = errors.New("session sandbox is not running")
 func (r *Runtime) SessionDir(id string) string { return filepath.Join(r.cfg.Dir, "s", id) }
 
 // WorkspacePath is the host path of a session's /workspace.
-func (r *Runtime) WorkspacePath(id string) string { return filepath.Join(r.SessionDir(id), "workspace") }
+func (r *Runtime) WorkspacePath(id string) string {
+	return filepath.Join(r.SessionDir(id), "workspace")
+}
 
 func (r *Runtime) agentSocket(id string) string {
 	return filepath.Join(r.SessionDir(id), "run", "agent.sock")
@@ -301,8 +303,7 @@ func (r *Runtime) AgentDial(ctx context.Context, id string, req any, timeout tim
 	if !validID(id) {
 		return nil, fmt.Errorf("runtime: invalid session id %q", id)
 	}
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", r.agentSocket(id))
+	conn, err := dialUnix(ctx, r.agentSocket(id))
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNotRunning, err)
 	}
@@ -321,6 +322,21 @@ func (r *Runtime) AgentDial(ctx context.Context, id string, req any, timeout tim
 		return nil, fmt.Errorf("runtime: send agent request: %w", err)
 	}
 	return &AgentConn{Conn: conn, r: bufio.NewReaderSize(conn, 64<<10)}, nil
+}
+
+// dialUnix connects to a unix socket. A path longer than sun_path allows (108 bytes; deep data dirs
+// reach it) is reached through /proc/self/fd/N/<name> of its opened folder instead.
+func dialUnix(ctx context.Context, path string) (net.Conn, error) {
+	var d net.Dialer
+	if len(path) < 100 {
+		return d.DialContext(ctx, "unix", path)
+	}
+	dir, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return nil, err
+	}
+	defer dir.Close()
+	return d.DialContext(ctx, "unix", fmt.Sprintf("/proc/self/fd/%d/%s", dir.Fd(), filepath.Base(path)))
 }
 
 func readLine(br *bufio.Reader, limit int) ([]byte, error) {
