@@ -73,10 +73,9 @@ type daemon struct {
 	url     string
 	dataDir string
 	logs    *syncBuffer
-	exited  chan error
+	exited  chan struct{} // closed once the process has exited; exitErr is then set
 
-	stopOnce sync.Once
-	exitErr  error
+	exitErr error
 }
 
 func startDaemon(t *testing.T, dataDir string, extra ...string) *daemon {
@@ -90,7 +89,7 @@ func startDaemon(t *testing.T, dataDir string, extra ...string) *daemon {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	d := &daemon{cmd: cmd, url: "http://" + addr, dataDir: dataDir, logs: logs, exited: make(chan error, 1)}
+	d := &daemon{cmd: cmd, url: "http://" + addr, dataDir: dataDir, logs: logs, exited: make(chan struct{})}
 	lines := make(chan string, 1024)
 	go func() {
 		sc := bufio.NewScanner(stderr)
@@ -108,7 +107,10 @@ func startDaemon(t *testing.T, dataDir string, extra ...string) *daemon {
 			logs.WriteString(l + "\n")
 		}
 	}()
-	go func() { d.exited <- cmd.Wait() }()
+	go func() { d.exitErr = cmd.Wait(); close(d.exited) }()
+	// Durable sessions outlive sandboxd by design; after the daemon is stopped (cleanups run last
+	// in, first out), remove them so t.TempDir can be removed.
+	t.Cleanup(func() { removeSessions(t, dataDir) })
 	t.Cleanup(func() {
 		// Stop it the way an operator does, so it removes its sandboxes before t.TempDir is removed.
 		d.stop(t)
@@ -132,19 +134,23 @@ func startDaemon(t *testing.T, dataDir string, extra ...string) *daemon {
 	}
 }
 
-// stop sends SIGTERM and waits for the daemon to exit (SIGKILL after 40s). Safe to call twice.
+// stop sends SIGTERM and waits for the daemon to exit (SIGKILL after 40s). Safe to call again, and
+// after the process died otherwise.
 func (d *daemon) stop(t *testing.T) {
 	t.Helper()
-	d.stopOnce.Do(func() {
-		_ = d.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case d.exitErr = <-d.exited:
-		case <-time.After(40 * time.Second):
-			t.Errorf("sandboxd did not exit 40s after SIGTERM")
-			_ = d.cmd.Process.Kill()
-			d.exitErr = <-d.exited
-		}
-	})
+	select {
+	case <-d.exited:
+		return
+	default:
+	}
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.exited:
+	case <-time.After(40 * time.Second):
+		t.Errorf("sandboxd did not exit 40s after SIGTERM")
+		_ = d.cmd.Process.Kill()
+		<-d.exited
+	}
 }
 
 // syncBuffer is a strings.Builder safe for one writer and concurrent readers.
@@ -163,6 +169,18 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// removeSessions force-deletes every container of a data dir and unmounts its session workspaces.
+func removeSessions(t *testing.T, dataDir string) {
+	root := filepath.Join(dataDir, "runtime", "state")
+	for _, id := range strings.Fields(runcContainers(t, dataDir)) {
+		_ = exec.Command("runc", "--root", root, "delete", "--force", id).Run()
+	}
+	ws, _ := filepath.Glob(filepath.Join(dataDir, "runtime", "s", "*", "workspace"))
+	for _, w := range ws {
+		_ = syscall.Unmount(w, syscall.MNT_DETACH)
+	}
 }
 
 // runcContainers lists the containers in a sandboxd data dir's runtime root.

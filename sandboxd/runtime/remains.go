@@ -24,6 +24,12 @@ func (r *Runtime) Remains(ctx context.Context, id string) []string {
 	if _, err := os.Stat(r.bundleDir(id)); err == nil {
 		found = append(found, "bundle "+r.bundleDir(id))
 	}
+	return append(found, HostTraces(id)...)
+}
+
+// HostTraces lists what of sandbox id exists host-wide: cgroups, processes, mounts naming it.
+func HostTraces(id string) []string {
+	var found []string
 	// Cgroups live under /sys/fs/cgroup/<controller>/.../<parent>/<id> (v1) or /sys/fs/cgroup/.../<id> (v2).
 	_ = filepath.WalkDir("/sys/fs/cgroup", func(p string, d fs.DirEntry, err error) error {
 		if err != nil || !d.IsDir() {

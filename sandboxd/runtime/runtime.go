@@ -89,10 +89,9 @@ func (r *Runtime) bundleDir(id string) string {
 // prepareAssets (re)writes what sandboxes see besides the host's /usr: a rootfs skeleton of empty
 // mount points and merged-/usr symlinks, a generated /etc with no host secrets, and the runners.
 func (r *Runtime) prepareAssets() error {
+	// Running sessions (kept across restarts) have these directories bind-mounted: update files in
+	// place, by rename, and never replace a directory, or they would lose their view of it.
 	assets := r.assetsDir()
-	if err := os.RemoveAll(assets); err != nil {
-		return fmt.Errorf("runtime: clear assets: %w", err)
-	}
 	rootfs := filepath.Join(assets, "rootfs")
 	for _, d := range []string{"usr", "etc", "proc", "dev", "tmp", "workspace", "opt/porthole", "run/porthole", "sys"} {
 		if err := os.MkdirAll(filepath.Join(rootfs, d), 0o755); err != nil {
@@ -118,7 +117,12 @@ func (r *Runtime) prepareAssets() error {
 			if !strings.HasPrefix(filepath.Clean(filepath.Join("/", target)), "/usr/") {
 				continue // points outside /usr: not something a sandbox should see
 			}
-			if err := os.Symlink(target, filepath.Join(rootfs, name)); err != nil {
+			link := filepath.Join(rootfs, name)
+			if cur, err := os.Readlink(link); err == nil && cur == target {
+				continue
+			}
+			_ = os.Remove(link)
+			if err := os.Symlink(target, link); err != nil {
 				return fmt.Errorf("runtime: rootfs link %s: %w", name, err)
 			}
 		} else if fi.IsDir() {
@@ -141,7 +145,7 @@ func (r *Runtime) prepareAssets() error {
 		"resolv.conf":   "# no network: sandboxes have loopback only\n",
 	}
 	for name, body := range files {
-		if err := os.WriteFile(filepath.Join(etc, name), []byte(body), 0o644); err != nil {
+		if err := writeFileAtomic(filepath.Join(etc, name), []byte(body), 0o644); err != nil {
 			return fmt.Errorf("runtime: etc/%s: %w", name, err)
 		}
 	}
@@ -154,7 +158,7 @@ func (r *Runtime) prepareAssets() error {
 		if err != nil {
 			return fmt.Errorf("runtime: embedded %s: %w", name, err)
 		}
-		if err := os.WriteFile(filepath.Join(runner, name), b, 0o644); err != nil {
+		if err := writeFileAtomic(filepath.Join(runner, name), b, 0o644); err != nil {
 			return fmt.Errorf("runtime: write %s: %w", name, err)
 		}
 	}
@@ -164,6 +168,15 @@ func (r *Runtime) prepareAssets() error {
 		}
 	}
 	return nil
+}
+
+// writeFileAtomic replaces path's content by rename, so a reader never sees a partial file.
+func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, perm); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 // runtimeCmd builds an invocation of the OCI runtime with our state root.
