@@ -106,14 +106,15 @@ func main() {
 	n := flag.Int("n", 100, "runs per measurement")
 	pause := flag.Duration("pause", 250*time.Millisecond, "pause between paced runs")
 	poolSize := flag.Int("pool-size", 4, "warm sandboxes per language")
+	sessions := flag.Int("sessions", 0, "measure durable sessions instead, holding up to this many idle ones")
 	flag.Parse()
-	if err := run(*sandboxd, *n, *pause, *poolSize); err != nil {
+	if err := run(*sandboxd, *n, *pause, *poolSize, *sessions); err != nil {
 		fmt.Fprintln(os.Stderr, "porthole-bench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(bin string, n int, pause time.Duration, poolSize int) error {
+func run(bin string, n int, pause time.Duration, poolSize, sessions int) error {
 	dataDir, err := os.MkdirTemp("", "porthole-bench")
 	if err != nil {
 		return err
@@ -133,7 +134,8 @@ func run(bin string, n int, pause time.Duration, poolSize int) error {
 	addr := ln.Addr().String()
 	ln.Close()
 	daemon := exec.Command(bin, "serve", "--listen", addr, "--data-dir", dataDir, "--log-level", "warn",
-		"--pool-size", fmt.Sprint(poolSize), "--max-parallel-runs", "8", "--max-queued-runs", "64")
+		"--pool-size", fmt.Sprint(poolSize), "--max-parallel-runs", "8", "--max-queued-runs", "64",
+		"--max-sessions-per-owner", fmt.Sprint(max(sessions, 50)))
 	daemon.Stderr = os.Stderr
 	if err := daemon.Start(); err != nil {
 		return err
@@ -147,6 +149,9 @@ func run(bin string, n int, pause time.Duration, poolSize int) error {
 	}
 
 	client := &fasthttp.Client{MaxConnsPerHost: 64, ReadTimeout: 60 * time.Second, WriteTimeout: 10 * time.Second}
+	if sessions > 0 {
+		return benchSessions(client, addr, key, sessions)
+	}
 	apiRun := func(p program) func() error {
 		body, _ := json.Marshal(map[string]any{"language": p.lang, "source": p.source})
 		return func() error {

@@ -118,6 +118,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	memMiB := fs.num("sandbox-memory-mib", 256, "memory limit of a sandbox, MiB")
 	pids := fs.num("sandbox-pids", 128, "process and thread limit of a sandbox")
 	tmpMiB := fs.num("sandbox-tmp-mib", 64, "size of a sandbox's /tmp, MiB")
+	maxSessions := fs.num("max-sessions-per-owner", 50, "running sessions one owner may have")
 	previewPort := fs.num("preview-port", 443, "the edge's HTTPS port, shown in preview URLs unless 443")
 	reapInterval := fs.Duration("reap-interval", envDuration("reap-interval", 30*time.Second), "how often the maintenance job reconciles sandboxes with the store (env PORTHOLE_REAP_INTERVAL)")
 	internalListen := fs.str("internal-listen", "", "also serve the edge's internal endpoint on this TCP address (needs --internal-secret)")
@@ -162,7 +163,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	defer rt.Close()
-	sessions := session.New(session.Config{}, log.Named("sessions"), st, rt)
+	sessions := session.New(session.Config{MaxSessionsPerOwner: *maxSessions}, log.Named("sessions"), st, rt)
 	// Before serving: re-adopt running sessions, reap runtimes nobody owns, mark vanished ones lost.
 	if err := sessions.Reconcile(ctx); err != nil {
 		return fmt.Errorf("initial maintenance pass: %w", err)

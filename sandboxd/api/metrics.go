@@ -37,6 +37,7 @@ func newMetrics(s *Server) *metrics {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "porthole", Name: "sandboxes_alive", Help: "Sandboxes that exist now: warm, running or being removed."},
 			func() float64 { return float64(s.rt.Alive()) }),
 	)
+	m.registry.MustRegister(&sessionCollector{s: s})
 	for _, lang := range runtime.Languages {
 		m.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Namespace: "porthole", Name: "warm_sandboxes", Help: "Pre-started sandboxes ready for a run.",
@@ -47,4 +48,24 @@ func newMetrics(s *Server) *metrics {
 		}
 	}
 	return m
+}
+
+// sessionCollector exports the maintenance job's and the lifecycle's counters, read from the
+// session manager at scrape time.
+type sessionCollector struct{ s *Server }
+
+var actionsDesc = prometheus.NewDesc("porthole_session_actions_total",
+	"Session lifecycle and maintenance actions: created, deleted, resumed, reaped_no_record, marked_lost, stopped_idle, stopped_lifetime, removed_unfinished, removed_orphan_files.",
+	[]string{"action"}, nil)
+
+func (c *sessionCollector) Describe(ch chan<- *prometheus.Desc) { ch <- actionsDesc }
+
+func (c *sessionCollector) Collect(ch chan<- prometheus.Metric) {
+	if c.s.sessions == nil {
+		return
+	}
+	counts := c.s.sessions.Counts()
+	for _, a := range []string{"created", "deleted", "resumed", "reaped_no_record", "marked_lost", "stopped_idle", "stopped_lifetime", "removed_unfinished", "removed_orphan_files"} {
+		ch <- prometheus.MustNewConstMetric(actionsDesc, prometheus.CounterValue, float64(counts[a]), a)
+	}
 }

@@ -428,6 +428,15 @@ func TestDeletedOwnerIsReaped(t *testing.T) {
 	if ts.sessions.Counts()["reaped_no_record"] != 1 {
 		t.Fatalf("counts = %v", ts.sessions.Counts())
 	}
+	resp, err := http.Get(ts.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(metrics), `porthole_session_actions_total{action="reaped_no_record"} 1`) {
+		t.Fatalf("/metrics does not count the reaped sandbox")
+	}
 	ses, err := ts.store.GetSession(ctx, "alice", alices)
 	if err != nil || ses.Status != store.StatusRunning {
 		t.Fatalf("alice's record: %+v %v", ses, err)

@@ -222,19 +222,46 @@ func (r *Runtime) Sweep(ctx context.Context, keep func(id string) bool) ([]strin
 	return removed, nil
 }
 
+// Container is what the OCI runtime reports of one container.
+type Container struct {
+	ID     string `json:"id"`
+	Status string `json:"status"`
+	Pid    int    `json:"pid"`
+}
+
+// Containers lists the containers the OCI runtime knows in our state root. A listing can fail while
+// a container is being deleted; it is retried a few times.
+func (r *Runtime) Containers(ctx context.Context) ([]Container, error) {
+	var lastErr error
+	for attempt := range 5 {
+		if attempt > 0 {
+			time.Sleep(time.Duration(attempt) * 20 * time.Millisecond)
+		}
+		out, err := r.runtimeCmd(ctx, "list", "--format", "json").Output()
+		if err != nil {
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				err = fmt.Errorf("%w: %s", err, bytes.TrimSpace(ee.Stderr))
+			}
+			lastErr = err
+			continue
+		}
+		var list []Container
+		if t := bytes.TrimSpace(out); len(t) > 0 && !bytes.Equal(t, []byte("null")) {
+			if err := json.Unmarshal(out, &list); err != nil {
+				return nil, fmt.Errorf("runtime: parse container list: %w", err)
+			}
+		}
+		return list, nil
+	}
+	return nil, fmt.Errorf("runtime: list containers: %w", lastErr)
+}
+
 // List returns the ids of the containers the OCI runtime knows in our state root.
 func (r *Runtime) List(ctx context.Context) ([]string, error) {
-	out, err := r.runtimeCmd(ctx, "list", "--format", "json").Output()
+	list, err := r.Containers(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("runtime: list containers: %w", err)
-	}
-	var list []struct {
-		ID string `json:"id"`
-	}
-	if len(bytes.TrimSpace(out)) > 0 && !bytes.Equal(bytes.TrimSpace(out), []byte("null")) {
-		if err := json.Unmarshal(out, &list); err != nil {
-			return nil, fmt.Errorf("runtime: parse container list: %w", err)
-		}
+		return nil, err
 	}
 	ids := make([]string, 0, len(list))
 	for _, c := range list {

@@ -421,12 +421,9 @@ func (r *Runtime) DialPort(ctx context.Context, id string, port int) (net.Conn, 
 	if port < 1 || port > 65535 {
 		return nil, fmt.Errorf("runtime: port %d out of range", port)
 	}
-	st, pid, err := r.SessionState(ctx, id)
+	pid, err := r.initPid(id)
 	if err != nil {
 		return nil, err
-	}
-	if st != "running" || pid <= 0 {
-		return nil, ErrNotRunning
 	}
 	return dialInNetns(ctx, pid, net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 }
@@ -434,14 +431,41 @@ func (r *Runtime) DialPort(ctx context.Context, id string, port int) (net.Conn, 
 // ListeningPorts returns the TCP ports on which something listens inside session id's network
 // namespace, read from /proc/<init>/net/tcp{,6}.
 func (r *Runtime) ListeningPorts(ctx context.Context, id string) ([]int, error) {
-	st, pid, err := r.SessionState(ctx, id)
+	pid, err := r.initPid(id)
 	if err != nil {
 		return nil, err
 	}
-	if st != "running" || pid <= 0 {
-		return nil, ErrNotRunning
-	}
 	return listeningPorts(pid)
+}
+
+// initPid returns the host pid of a running session's init, from the OCI runtime's state file (a
+// file read, not a runtime invocation: this is on the path of every preview connection). The pid is
+// checked against the start time recorded with it, so a recycled pid is never taken for the init.
+func (r *Runtime) initPid(id string) (int, error) {
+	if !validID(id) {
+		return 0, fmt.Errorf("runtime: invalid session id %q", id)
+	}
+	b, err := os.ReadFile(filepath.Join(r.stateDir(), id, "state.json"))
+	if err != nil {
+		return 0, ErrNotRunning
+	}
+	var st struct {
+		Pid   int    `json:"init_process_pid"`
+		Start uint64 `json:"init_process_start"`
+	}
+	if err := json.Unmarshal(b, &st); err != nil || st.Pid <= 0 {
+		return 0, ErrNotRunning
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", st.Pid))
+	if err != nil {
+		return 0, ErrNotRunning
+	}
+	// Field 22 is the start time; the command name (field 2) may contain spaces, so count from ')'.
+	fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+	if len(fields) < 20 || fields[19] != strconv.FormatUint(st.Start, 10) || fields[0] == "Z" {
+		return 0, ErrNotRunning
+	}
+	return st.Pid, nil
 }
 
 func listeningPorts(pid int) ([]int, error) {

@@ -219,6 +219,10 @@ func (m *Manager) readyLocked(ctx context.Context, ses *store.Session) (*store.S
 	switch ses.Status {
 	case store.StatusRunning:
 	case store.StatusStopped:
+		// In flight, like a create, so the maintenance job does not take the starting runtime
+		// (whose record still says stopped) for one nobody owns.
+		m.inflight.Store(ses.ID, true)
+		defer m.inflight.Delete(ses.ID)
 		if err := m.rt.StartSession(context.WithoutCancel(ctx), ses.ID, runtime.Language(ses.Language), m.rt.Limits()); err != nil {
 			return nil, fmt.Errorf("resume session: %w", err)
 		}

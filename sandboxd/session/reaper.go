@@ -25,16 +25,35 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 	for _, s := range sessions {
 		byID[s.ID] = s
 	}
+	// fresh re-reads a record: the snapshot above may predate a session that finished starting since.
+	fresh := func(id string) *store.Session {
+		s, err := m.store.GetSession(ctx, "", id)
+		if err != nil {
+			return nil
+		}
+		return s
+	}
 	keep := func(id string) bool {
 		if _, creating := m.inflight.Load(id); creating {
 			return true
 		}
-		s, ok := byID[id]
-		return ok && s.Status == store.StatusRunning
+		if s, ok := byID[id]; ok && s.Status == store.StatusRunning {
+			return true
+		}
+		s := fresh(id)
+		return s != nil && (s.Status == store.StatusRunning || s.Status == store.StatusCreating && m.isInflight(id))
 	}
 	removed, err := m.rt.Sweep(ctx, keep)
 	if err != nil {
 		return err
+	}
+	containers, err := m.rt.Containers(ctx)
+	if err != nil {
+		return err
+	}
+	status := make(map[string]string, len(containers))
+	for _, c := range containers {
+		status[c.ID] = c.Status
 	}
 	for _, id := range removed {
 		m.count("reaped_no_record")
@@ -49,7 +68,7 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		if _, creating := m.inflight.Load(id); creating {
 			continue
 		}
-		if _, ok := byID[id]; !ok {
+		if _, ok := byID[id]; !ok && fresh(id) == nil && !m.isInflight(id) {
 			if err := m.rt.RemoveSession(ctx, id); err == nil {
 				m.count("removed_orphan_files")
 				m.log.Info("removed the files of a session with no record", zap.String("sandbox", id))
@@ -58,8 +77,13 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 	}
 	now := time.Now()
 	for _, s := range sessions {
-		if _, creating := m.inflight.Load(s.ID); creating {
+		if m.isInflight(s.ID) {
 			continue
+		}
+		if s.Status == store.StatusCreating || s.Status == store.StatusRunning {
+			if s = fresh(s.ID); s == nil || m.isInflight(s.ID) {
+				continue // deleted, or being created, since the snapshot
+			}
 		}
 		switch s.Status {
 		case store.StatusCreating:
@@ -70,10 +94,13 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 			m.count("removed_unfinished")
 			m.publish(RouteEvent{Type: "delete", SandboxID: s.ID})
 		case store.StatusRunning:
-			st, _, err := m.rt.SessionState(ctx, s.ID)
-			if err != nil {
-				m.log.Warn("session state", zap.String("session", s.ID), zap.Error(err))
-				continue
+			st := status[s.ID]
+			if st != "running" {
+				// The listing may predate a session that started since: ask about this one.
+				st, _, err = m.rt.SessionState(ctx, s.ID)
+				if err != nil {
+					continue
+				}
 			}
 			if st != "running" {
 				_ = m.rt.StopSession(ctx, s.ID) // reap a dead init, remove a stopped container
@@ -100,6 +127,11 @@ func (m *Manager) Reconcile(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+func (m *Manager) isInflight(id string) bool {
+	_, ok := m.inflight.Load(id)
+	return ok
 }
 
 func orGone(st string) string {

@@ -163,28 +163,40 @@ class Runner:
             pass
 
 
-_warm = {}  # language -> Runner
+_warm = {}     # language -> Runner, ready
+_warming = {}  # language -> threading.Event, set when the runner being started is in _warm
 _warm_lock = threading.Lock()
 
 
 def warm_up(language, limits):
+    with _warm_lock:
+        if language in _warm or language in _warming:
+            return
+        done = _warming[language] = threading.Event()
     try:
         r = Runner(language, limits)
     except Exception as e:  # noqa: BLE001 - report and carry on; execute starts one cold
         print("agent: warm runner failed:", e, file=sys.stderr, flush=True)
-        return
+        r = None
     with _warm_lock:
-        old = _warm.get(language)
-        _warm[language] = r
-    if old is not None:
-        old.kill()
+        if r is not None:
+            _warm[language] = r
+        del _warming[language]
+    done.set()
 
 
 def take_runner(language, limits):
+    # A runner still starting is worth waiting for: starting a second one would only slow both.
+    with _warm_lock:
+        pending = _warming.get(language)
+    if pending is not None:
+        pending.wait(30)
     with _warm_lock:
         r = _warm.pop(language, None)
     if r is not None and r.ready and r.popen.pid not in _exits:
         return r
+    if r is not None:
+        r.kill()
     return Runner(language, limits)
 
 
@@ -230,12 +242,13 @@ def execute(req):
     limit = limits.get("resultBytes", 1 << 20) + 2 * limits.get("stateBytes", 256 << 10) + (64 << 10)
     raw, why = read_answer(r.answer, limit, start + timeout)
     duration = (time.monotonic() - start) * 1000.0
-    # Whatever the code left running dies with the run: the runner's process group is killed.
+    # Whatever the code left running dies with the run: the runner's process group is killed, which
+    # also closes the output pipes, so the capture threads finish with everything written.
     r.kill()
-    code = wait_exit(r.pid, 5)
     r.stdout.thread.join(2)
     r.stderr.thread.join(2)
     r.answer.close()
+    code = wait_exit(r.pid, 5) if why == "eof" else None
     res = {
         "stdout": r.stdout.text(), "stderr": r.stderr.text(),
         "stdoutTruncated": r.stdout.truncated, "stderrTruncated": r.stderr.truncated,
