@@ -23,6 +23,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	sbruntime "github.com/porthole-dev/porthole/sandboxd/runtime"
@@ -119,7 +120,20 @@ func run(bin string, n int, pause time.Duration, poolSize, sessions int) error {
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dataDir)
+	defer func() {
+		// Sessions outlive sandboxd by design: remove what is left, then the data dir.
+		root := filepath.Join(dataDir, "runtime", "state")
+		if out, err := exec.Command("runc", "--root", root, "list", "-q").Output(); err == nil {
+			for _, id := range strings.Fields(string(out)) {
+				_ = exec.Command("runc", "--root", root, "delete", "--force", id).Run()
+			}
+		}
+		ws, _ := filepath.Glob(filepath.Join(dataDir, "runtime", "s", "*", "workspace"))
+		for _, w := range ws {
+			_ = syscall.Unmount(w, syscall.MNT_DETACH)
+		}
+		os.RemoveAll(dataDir)
+	}()
 	out, err := exec.Command(bin, "keys", "create", "--data-dir", dataDir, "--owner", "bench").Output()
 	if err != nil {
 		return fmt.Errorf("create key (is %s built? run make build): %w", bin, err)
