@@ -94,3 +94,37 @@ func TestSIGTERMDrains(t *testing.T) {
 		t.Fatalf("shutdown did not report zero sandboxes:\n%s", d.logs.String())
 	}
 }
+
+// TestOwnersDeleteReaps: `sandboxd owners delete` while the daemon runs; its next maintenance pass
+// removes the owner's sandbox and leaves the other owner's alone.
+func TestOwnersDeleteReaps(t *testing.T) {
+	dataDir := t.TempDir()
+	alice := lastLine(sandboxdCmd(t, "keys", "create", "--data-dir", dataDir, "--owner", "alice"))
+	bob := lastLine(sandboxdCmd(t, "keys", "create", "--data-dir", dataDir, "--owner", "bob"))
+	d := startDaemon(t, dataDir, "--pool-size", "0", "--reap-interval", "1s")
+	_, a := post(t, d.url+"/api/v1/sandbox/sessions", alice, `{"language":"python"}`)
+	_, b := post(t, d.url+"/api/v1/sandbox/sessions", bob, `{"language":"python"}`)
+	aliceID, bobID := a["id"].(string), b["id"].(string)
+	if out := sandboxdCmd(t, "owners", "delete", "--data-dir", dataDir, "bob"); !strings.Contains(out, "deleted owner bob") {
+		t.Fatalf("owners delete: %q", out)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for strings.Contains(runcContainers(t, dataDir), bobID) {
+		if time.Now().After(deadline) {
+			t.Fatalf("bob's sandbox still runs: %s", runcContainers(t, dataDir))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if !strings.Contains(runcContainers(t, dataDir), aliceID) {
+		t.Fatal("alice's sandbox was reaped too")
+	}
+	if code, out := post(t, d.url+"/api/v1/sandbox/sessions/"+aliceID+"/execute", alice, `{"source":"return 5"}`); code != 200 || out["result"] != float64(5) {
+		t.Fatalf("alice after the pass: %d %v", code, out)
+	}
+	if code, _ := post(t, d.url+"/api/v1/sandbox/sessions", bob, `{}`); code != 401 {
+		t.Fatalf("bob's key after his deletion: %d", code)
+	}
+	if !strings.Contains(d.logs.String(), "reaped a runtime with no running session record") {
+		t.Fatal("the reap is not logged")
+	}
+}
