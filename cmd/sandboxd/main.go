@@ -187,6 +187,11 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	if err := os.Chmod(sock, 0o600); err != nil {
 		return fmt.Errorf("internal endpoint: %w", err)
 	}
+	fwd, err := edgeapi.NewForwarder(filepath.Join(*dataDir, "fwd"), log.Named("forwarder"), sessions, rt)
+	if err != nil {
+		return err
+	}
+	go fwd.Run(reapCtx, 500*time.Millisecond)
 	internal := &http.Server{Handler: edgeapi.New(log.Named("edgeapi"), sessions, rt, *previewDomain, ""), ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = internal.Serve(internalLn) }()
 	defer internal.Close()

@@ -65,6 +65,8 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.resolve(w, r)
 	case r.Method == http.MethodGet && r.URL.Path == "/internal/v1/routes":
 		s.routes(w, r)
+	case r.Method == http.MethodPost && r.URL.Path == "/internal/v1/wake":
+		s.wake(w, r)
 	default:
 		writeErr(w, http.StatusNotFound, "not_found", "no such internal route")
 	}
@@ -91,6 +93,25 @@ func (s *Server) resolve(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(Route{SandboxID: ses.ID, Port: t.Port, Access: ses.PreviewAccess, Status: ses.Status})
+}
+
+// wake starts a stopped sandbox in the background (the edge shows its wait page meanwhile).
+func (s *Server) wake(w http.ResponseWriter, r *http.Request) {
+	ses, err := s.sessions.Resolve(r.Context(), r.URL.Query().Get("sandbox"))
+	if err != nil {
+		writeErr(w, http.StatusNotFound, "not_found", "no such sandbox")
+		return
+	}
+	if ses.Status == store.StatusStopped {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if _, err := s.sessions.Ready(ctx, ses.Owner, ses.ID); err != nil {
+				s.log.Warn("wake session", zap.String("session", ses.ID), zap.Error(err))
+			}
+		}()
+	}
+	w.WriteHeader(http.StatusAccepted)
 }
 
 func (s *Server) routes(w http.ResponseWriter, r *http.Request) {

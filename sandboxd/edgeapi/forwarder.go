@@ -1,0 +1,150 @@
+package edgeapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/porthole-dev/porthole/sandboxd/runtime"
+	"github.com/porthole-dev/porthole/sandboxd/session"
+	"github.com/porthole-dev/porthole/sandboxd/store"
+	"go.uber.org/zap"
+)
+
+// Forwarder gives the edge a unix socket per listening sandbox port:
+// <dir>/<sandboxId>-<port>.sock exists exactly while something listens on that port inside a running
+// session. A connection to it is spliced to 127.0.0.1:<port> dialled inside the sandbox's network
+// namespace. Caddy's reverse_proxy dials these sockets as ordinary unix upstreams (keep-alive,
+// WebSockets and streaming included), and a port that is not up yet is a dial error (no such file),
+// which reverse_proxy retries while the port comes up.
+type Forwarder struct {
+	dir      string
+	log      *zap.Logger
+	sessions *session.Manager
+	rt       *runtime.Runtime
+
+	mu        sync.Mutex
+	listeners map[string]net.Listener // "<id>-<port>"
+}
+
+// NewForwarder prepares dir (mode 0700: only sandboxd's user and root reach the sockets).
+func NewForwarder(dir string, log *zap.Logger, sessions *session.Manager, rt *runtime.Runtime) (*Forwarder, error) {
+	if err := os.RemoveAll(dir); err != nil {
+		return nil, fmt.Errorf("forwarder: %w", err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("forwarder: %w", err)
+	}
+	return &Forwarder{dir: dir, log: log, sessions: sessions, rt: rt, listeners: map[string]net.Listener{}}, nil
+}
+
+// SocketPath is where the socket of a sandbox port is.
+func SocketPath(dir, sandboxID string, port int) string {
+	return filepath.Join(dir, sandboxID+"-"+strconv.Itoa(port)+".sock")
+}
+
+// Run keeps the sockets in step with the listening ports of running sessions, polling every interval.
+func (f *Forwarder) Run(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		f.sync(ctx)
+		select {
+		case <-ctx.Done():
+			f.closeAll()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (f *Forwarder) sync(ctx context.Context) {
+	all, err := f.sessions.List(ctx, "")
+	if err != nil {
+		return
+	}
+	want := map[string]bool{}
+	for _, s := range all {
+		if s.Status != store.StatusRunning {
+			continue
+		}
+		ports, err := f.rt.ListeningPorts(ctx, s.ID)
+		if err != nil {
+			continue
+		}
+		for _, p := range ports {
+			want[s.ID+"-"+strconv.Itoa(p)] = true
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for key, ln := range f.listeners {
+		if !want[key] {
+			ln.Close()
+			delete(f.listeners, key)
+		}
+	}
+	for key := range want {
+		if _, ok := f.listeners[key]; ok {
+			continue
+		}
+		id, portStr, _ := strings.Cut(key, "-")
+		port, _ := strconv.Atoi(portStr)
+		path := SocketPath(f.dir, id, port)
+		_ = os.Remove(path)
+		ln, err := net.Listen("unix", path)
+		if err != nil {
+			f.log.Warn("forward socket", zap.String("path", path), zap.Error(err))
+			continue
+		}
+		f.listeners[key] = ln
+		go f.serve(ln, id, port)
+	}
+}
+
+func (f *Forwarder) serve(ln net.Listener, id string, port int) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go f.splice(c, id, port)
+	}
+}
+
+func (f *Forwarder) splice(client net.Conn, id string, port int) {
+	defer client.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	upstream, err := f.rt.DialPort(ctx, id, port)
+	cancel()
+	if err != nil {
+		if !errors.Is(err, runtime.ErrNotRunning) {
+			f.log.Debug("dial into sandbox", zap.String("sandbox", id), zap.Int("port", port), zap.Error(err))
+		}
+		return
+	}
+	defer upstream.Close()
+	f.sessions.Touch(id)
+	done := make(chan struct{}, 2)
+	go func() { _, _ = io.Copy(upstream, client); closeWrite(upstream); done <- struct{}{} }()
+	go func() { _, _ = io.Copy(client, upstream); closeWrite(client); done <- struct{}{} }()
+	<-done
+	<-done
+}
+
+func (f *Forwarder) closeAll() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for key, ln := range f.listeners {
+		ln.Close()
+		delete(f.listeners, key)
+	}
+}
