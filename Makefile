@@ -6,6 +6,7 @@ BIN := bin
 
 build:
 	$(GO) build -o $(BIN)/sandboxd ./cmd/sandboxd
+	$(GO) build -o $(BIN)/caddy ./cmd/caddy
 
 # Installs what sandboxes and tests need (runc, Node.js, Python) when it is missing. Idempotent.
 deps:
