@@ -27,10 +27,12 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	out, err := exec.Command("go", "build", "-o", dir+"/sandboxd", "../cmd/sandboxd").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "build sandboxd: %v\n%s", err, out)
-		os.Exit(1)
+	for _, b := range []string{"sandboxd", "caddy"} {
+		out, err := exec.Command("go", "build", "-o", dir+"/"+b, "../cmd/"+b).CombinedOutput()
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "build %s: %v\n%s", b, err, out)
+			os.Exit(1)
+		}
 	}
 	binDir = dir
 	code := m.Run()
