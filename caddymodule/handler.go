@@ -49,7 +49,7 @@ func (h *PreviewHandler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.table = t
-	return nil
+	return registerMetrics(ctx.GetMetricsRegistry())
 }
 
 // Validate checks the configuration.
@@ -72,20 +72,24 @@ func (h *PreviewHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 	// another sandbox than the SNI is refused by the strict SNI/Host check of the server.)
 	tg, err := previewproxy.ParseHost(r.Host, h.Domain)
 	if err != nil {
+		edgeRequests.WithLabelValues("not_found").Inc()
 		previewproxy.NotFound(w)
 		return nil
 	}
 	route, ok := h.table.Lookup(r.Context(), tg)
 	if !ok || !route.Live() {
+		edgeRequests.WithLabelValues("not_found").Inc()
 		previewproxy.NotFound(w)
 		return nil
 	}
 	if route.Status == "stopped" {
 		_ = h.table.Client().Wake(r.Context(), route.SandboxID)
+		edgeRequests.WithLabelValues("waking").Inc()
 		previewproxy.Waking(w)
 		return nil
 	}
 	if route.Access != "public" {
+		edgeRequests.WithLabelValues("private").Inc()
 		previewproxy.Private(w)
 		return nil
 	}
@@ -98,9 +102,11 @@ func (h *PreviewHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 	var he caddyhttp.HandlerError
 	if errors.As(err, &he) && he.StatusCode == http.StatusBadGateway {
 		// reverse_proxy could not reach the port (its socket does not exist until something listens).
+		edgeRequests.WithLabelValues("waiting_for_port").Inc()
 		previewproxy.WaitingForPort(w, tg.Port)
 		return nil
 	}
+	edgeRequests.WithLabelValues("proxied").Inc()
 	return err
 }
 

@@ -38,7 +38,7 @@ func (p *Permission) Provision(ctx caddy.Context) error {
 		return err
 	}
 	p.table = t
-	return nil
+	return registerMetrics(ctx.GetMetricsRegistry())
 }
 
 // Cleanup releases the shared table.
@@ -49,9 +49,12 @@ func (p *Permission) Cleanup() error {
 
 // CertificateAllowed allows name only if it is the preview host of a live sandbox.
 func (p *Permission) CertificateAllowed(ctx context.Context, name string) error {
-	if p.table.Live(ctx, name) {
+	live := p.table.Live(ctx, name)
+	if live {
+		edgeCertDecisions.WithLabelValues("allowed").Inc()
 		return nil
 	}
+	edgeCertDecisions.WithLabelValues("denied").Inc()
 	return fmt.Errorf("porthole: %q is not the preview host of a live sandbox", name)
 }
 

@@ -59,6 +59,7 @@ func (c Config) acquire(log *zap.Logger) (*previewproxy.Table, error) {
 	v, _, err := tables.LoadOrNew(c.key(), func() (caddy.Destructor, error) {
 		ctx, cancel := context.WithCancel(context.Background())
 		t := previewproxy.NewTable(c.Domain, previewproxy.NewSandboxd(c.DataDir), log)
+		t.OnResolve = edgeResolves.Inc
 		go t.Follow(ctx)
 		return &sharedTable{Table: t, cancel: cancel}, nil
 	})

@@ -28,6 +28,26 @@ type edge struct {
 	dataHome  string // XDG_DATA_HOME of caddy: its CA and certificates
 	roots     *x509.CertPool
 	logs      *syncBuffer
+	adminAddr string
+}
+
+// metric reads one sample of the edge's Prometheus metrics (Caddy's admin endpoint).
+func (e *edge) metric(t *testing.T, name string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + e.adminAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
+			var f float64
+			fmt.Sscan(v, &f)
+			return f
+		}
+	}
+	return 0
 }
 
 func startEdge(t *testing.T, sandboxdDataDir string) *edge {
@@ -66,7 +86,7 @@ func startEdge(t *testing.T, sandboxdDataDir string) *edge {
 			t.Logf("caddy logs:\n%s", logs.String())
 		}
 	})
-	e := &edge{httpsAddr: "127.0.0.1:" + httpsPort, dataHome: home + "/data", logs: logs}
+	e := &edge{httpsAddr: "127.0.0.1:" + httpsPort, dataHome: home + "/data", logs: logs, adminAddr: adminAddr}
 	rootPath := filepath.Join(e.dataHome, "caddy", "pki", "authorities", "local", "root.crt")
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -326,6 +346,24 @@ func TestEdge(t *testing.T) {
 			if h != hostA && h != hostB && h != "3000-"+priv+".preview.localhost" && h != "4000-"+a+".preview.localhost" && !strings.HasPrefix(h, "app.") {
 				t.Errorf("a certificate for %s, which is no live sandbox's preview host", h)
 			}
+		}
+	})
+
+	t.Run("a flood of one unknown host asks sandboxd at most once per negative TTL", func(t *testing.T) {
+		name := "3000-" + strings.Repeat("q", 26) + ".preview.localhost"
+		before := e.metric(t, "porthole_edge_resolves_total")
+		for range 500 {
+			if conn, err := tls.Dial("tcp", e.httpsAddr, &tls.Config{ServerName: name, InsecureSkipVerify: true}); err == nil {
+				conn.Close()
+				t.Fatal("a handshake for an unknown sandbox succeeded")
+			}
+		}
+		after := e.metric(t, "porthole_edge_resolves_total")
+		if after-before < 1 || after-before > 2 {
+			t.Fatalf("500 handshakes for one unknown host asked sandboxd %v times", after-before)
+		}
+		if e.metric(t, `porthole_edge_certificate_decisions_total{decision="denied"}`) < 500 {
+			t.Fatal("denials are not counted")
 		}
 	})
 

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/time/rate"
 )
 
 // Route is what the edge knows of a sandbox.
@@ -96,6 +97,11 @@ type Table struct {
 	Domain      string
 	NegativeTTL time.Duration // default 5s
 	MaxNegative int           // entries, default 100000
+	// ResolveLimit bounds the questions a flood of distinct unknown hosts can send sandboxd, per
+	// second (burst the same); beyond it a miss is answered "unknown" without asking. Default 100.
+	resolveLimit *rate.Limiter
+	// OnResolve, if set, is called for every question sent to sandboxd (for metrics).
+	OnResolve func()
 
 	client *Sandboxd
 	log    *zap.Logger
@@ -110,7 +116,8 @@ type Table struct {
 // NewTable makes a table for domain fed by client.
 func NewTable(domain string, client *Sandboxd, log *zap.Logger) *Table {
 	return &Table{Domain: domain, NegativeTTL: 5 * time.Second, MaxNegative: 100000, client: client, log: log,
-		routes: map[string]Route{}, negative: map[string]time.Time{}}
+		resolveLimit: rate.NewLimiter(100, 100),
+		routes:       map[string]Route{}, negative: map[string]time.Time{}}
 }
 
 // Client returns the sandboxd client.
@@ -138,8 +145,14 @@ func (t *Table) Lookup(ctx context.Context, tg Target) (Route, bool) {
 	if isNeg && time.Since(neg) < t.NegativeTTL {
 		return Route{}, false
 	}
-	// A miss: the stream may not have told us yet (or is reconnecting). Ask once.
+	// A miss: the stream may not have told us yet (or is reconnecting). Ask once, within the budget.
+	if !t.resolveLimit.Allow() {
+		return Route{}, false
+	}
 	t.resolves.Add(1)
+	if t.OnResolve != nil {
+		t.OnResolve()
+	}
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	r, found, err := t.client.Resolve(rctx, tg.Host(t.Domain))
