@@ -102,13 +102,25 @@ func measure(name string, n, concurrency int, pause time.Duration, op func() err
 	return s
 }
 
+type edgeConfig struct {
+	on    bool
+	dur   time.Duration
+	conns int
+}
+
+var benchEdgeCfg edgeConfig
+
 func main() {
 	sandboxd := flag.String("sandboxd", "bin/sandboxd", "sandboxd binary")
 	n := flag.Int("n", 100, "runs per measurement")
 	pause := flag.Duration("pause", 250*time.Millisecond, "pause between paced runs")
 	poolSize := flag.Int("pool-size", 4, "warm sandboxes per language")
 	sessions := flag.Int("sessions", 0, "measure durable sessions instead, holding up to this many idle ones")
+	edge := flag.Bool("edge", false, "measure the preview edge instead (needs bin/caddy)")
+	edgeDur := flag.Duration("edge-duration", 5*time.Second, "duration of each edge row")
+	edgeConns := flag.Int("edge-conns", 16, "connections of the edge load generator")
 	flag.Parse()
+	benchEdgeCfg = edgeConfig{on: *edge, dur: *edgeDur, conns: *edgeConns}
 	if err := run(*sandboxd, *n, *pause, *poolSize, *sessions); err != nil {
 		fmt.Fprintln(os.Stderr, "porthole-bench:", err)
 		os.Exit(1)
@@ -165,6 +177,9 @@ func run(bin string, n int, pause time.Duration, poolSize, sessions int) error {
 	client := &fasthttp.Client{MaxConnsPerHost: 64, ReadTimeout: 60 * time.Second, WriteTimeout: 10 * time.Second}
 	if sessions > 0 {
 		return benchSessions(client, addr, key, sessions)
+	}
+	if benchEdgeCfg.on {
+		return benchEdge(filepath.Join(filepath.Dir(bin), "caddy"), dataDir, addr, key, benchEdgeCfg.dur, benchEdgeCfg.conns)
 	}
 	apiRun := func(p program) func() error {
 		body, _ := json.Marshal(map[string]any{"language": p.lang, "source": p.source})
