@@ -69,3 +69,24 @@ func TestCaddyfileErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestShippedCaddyfiles: the root Caddyfile (local stack) and the on-demand production one adapt.
+// (deploy/Caddyfile.wildcard needs a DNS provider module this build does not include.)
+func TestShippedCaddyfiles(t *testing.T) {
+	for _, f := range []string{"../Caddyfile", "../deploy/Caddyfile.on-demand"} {
+		in, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		adapter := caddyfile.Adapter{ServerType: httpcaddyfileServerType()}
+		out, _, err := adapter.Adapt(in, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		for _, want := range []string{`"handler":"porthole_preview"`, `"source":"porthole"`, `"module":"porthole"`, `"strict_sni_host":true`} {
+			if !strings.Contains(string(out), want) {
+				t.Errorf("%s: adapted config lacks %s", f, want)
+			}
+		}
+	}
+}
