@@ -1,0 +1,179 @@
+package e2e
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// pebbleDir is where the pebble module (a tool dependency) keeps its test certificates.
+func pebbleDir(t *testing.T) string {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/letsencrypt/pebble/v2").Output()
+	if err != nil {
+		t.Fatalf("locate pebble: %v", err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// startPebble runs Pebble (the ACME test CA) and pebble-challtestsrv as its DNS, both on loopback.
+// httpPort and tlsPort are where Pebble validates challenges: the edge's ports.
+func startPebble(t *testing.T, httpPort, tlsPort string) (dir, root, dnsAddr, mgmt string) {
+	t.Helper()
+	src := pebbleDir(t)
+	tmp := t.TempDir()
+	for _, tool := range []string{"pebble", "pebble-challtestsrv"} {
+		if out, err := exec.Command("go", "build", "-o", filepath.Join(tmp, tool), "github.com/letsencrypt/pebble/v2/cmd/"+tool).CombinedOutput(); err != nil {
+			t.Fatalf("build %s: %v %s", tool, err, out)
+		}
+	}
+	dnsAddr, acmeAddr, mgmtAddr, chMgmt := freePort(t), freePort(t), freePort(t), freePort(t)
+	cfg := map[string]any{"pebble": map[string]any{
+		"listenAddress": acmeAddr, "managementListenAddress": mgmtAddr,
+		"certificate": filepath.Join(src, "test/certs/localhost/cert.pem"), "privateKey": filepath.Join(src, "test/certs/localhost/key.pem"),
+		"httpPort": mustAtoi(httpPort), "tlsPort": mustAtoi(tlsPort), "ocspResponderURL": "", "externalAccountBindingRequired": false,
+	}}
+	b, _ := json.Marshal(cfg)
+	cfgPath := filepath.Join(tmp, "pebble.json")
+	os.WriteFile(cfgPath, b, 0o644)
+	run := func(name string, env []string, args ...string) {
+		c := exec.Command(filepath.Join(tmp, name), args...)
+		c.Env = append(os.Environ(), env...)
+		logs := &syncBuffer{}
+		c.Stdout, c.Stderr = logWriter{logs}, logWriter{logs}
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			c.Process.Kill()
+			c.Wait()
+			if t.Failed() {
+				t.Logf("%s logs:\n%s", name, logs.String())
+			}
+		})
+	}
+	run("pebble-challtestsrv", nil, "-dnsserver", dnsAddr, "-management", chMgmt, "-http01", "", "-https01", "", "-tlsalpn01", "", "-doh", "", "-defaultIPv6", "")
+	run("pebble", []string{"PEBBLE_VA_NOSLEEP=1", "PEBBLE_WFE_NONCEREJECT=0"}, "-config", cfgPath, "-dnsserver", dnsAddr)
+	minica := filepath.Join(src, "test/certs/pebble.minica.pem")
+	waitTCP(t, acmeAddr)
+	waitTCP(t, mgmtAddr)
+	return "https://" + acmeAddr + "/dir", minica, dnsAddr, mgmtAddr
+}
+
+type logWriter struct{ b *syncBuffer }
+
+func (w logWriter) Write(p []byte) (int, error) { w.b.WriteString(string(p)); return len(p), nil }
+
+func mustAtoi(s string) int {
+	var n int
+	fmt.Sscan(s, &n)
+	return n
+}
+
+func waitTCP(t *testing.T, addr string) {
+	t.Helper()
+	for range 100 {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("%s does not listen", addr)
+}
+
+// pebbleRoots fetches the roots Pebble issues under (they change at every start).
+func pebbleRoots(t *testing.T, mgmt, minica string) *x509.CertPool {
+	t.Helper()
+	pem, err := os.ReadFile(minica)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mpool := x509.NewCertPool()
+	mpool.AppendCertsFromPEM(pem)
+	c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: mpool}}}
+	resp, err := c.Get("https://" + mgmt + "/roots/0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	root, _ := io.ReadAll(resp.Body)
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(root) {
+		t.Fatalf("pebble root: %q", root)
+	}
+	// Intermediates come in the chain Caddy serves.
+	return pool
+}
+
+// TestOnDemandACME: the edge gets a preview certificate from Pebble through on-demand TLS, only for a
+// live sandbox, with real ACME validation (Pebble connects back to the edge).
+func TestOnDemandACME(t *testing.T) {
+	dataDir := t.TempDir()
+	key := lastLine(sandboxdCmd(t, "keys", "create", "--data-dir", dataDir, "--owner", "alice"))
+	d := startDaemon(t, dataDir, "--pool-size", "0")
+	httpsAddr, httpAddr, adminAddr := freePort(t), freePort(t), freePort(t)
+	_, httpsPort, _ := net.SplitHostPort(httpsAddr)
+	_, httpPort, _ := net.SplitHostPort(httpAddr)
+	dir, minica, _, mgmt := startPebble(t, httpPort, httpsPort)
+
+	home := t.TempDir()
+	cmd := exec.Command(binDir+"/caddy", "run", "--config", "testdata/Caddyfile.acme")
+	cmd.Env = append(os.Environ(), "PORTHOLE_HTTPS_PORT="+httpsPort, "PORTHOLE_HTTP_PORT="+httpPort, "PORTHOLE_ADMIN="+adminAddr,
+		"PORTHOLE_DATA_DIR="+dataDir, "ACME_DIR="+dir, "ACME_ROOT="+minica,
+		"XDG_DATA_HOME="+home+"/data", "XDG_CONFIG_HOME="+home+"/config")
+	logs := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = logWriter{logs}, logWriter{logs}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(os.Interrupt)
+		cmd.Wait()
+		if t.Failed() {
+			t.Logf("caddy logs:\n%s", logs.String())
+		}
+	})
+	waitTCP(t, "127.0.0.1:"+httpsPort)
+
+	id := startApp(t, d, key, "acme", "public")
+	host := "3000-" + id + ".preview.localhost"
+	roots := pebbleRoots(t, mgmt, minica)
+	var conn *tls.Conn
+	var err error
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+		conn, err = tls.Dial("tcp", "127.0.0.1:"+httpsPort, &tls.Config{ServerName: host, RootCAs: roots})
+		if err == nil {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatalf("no certificate from Pebble for %s: %v", host, err)
+	}
+	fmt.Fprintf(conn, "GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", host)
+	body, _ := io.ReadAll(conn)
+	conn.Close()
+	if !strings.Contains(string(body), "hello from acme") {
+		t.Fatalf("through the ACME-certified edge: %q", body)
+	}
+	// An unknown sandbox gets nothing: no handshake, no order at Pebble, nothing in storage.
+	unknown := "3000-" + strings.Repeat("u", 26) + ".preview.localhost"
+	if c, err := tls.Dial("tcp", "127.0.0.1:"+httpsPort, &tls.Config{ServerName: unknown, InsecureSkipVerify: true}); err == nil {
+		c.Close()
+		t.Fatal("a handshake for an unknown sandbox succeeded")
+	}
+	stored, _ := filepath.Glob(filepath.Join(home, "data", "caddy", "certificates", "*", "*"))
+	if len(stored) != 1 || filepath.Base(stored[0]) != host {
+		t.Fatalf("stored certificates: %v, want only %s", stored, host)
+	}
+}
