@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/miekg/dns"
 )
 
 // pebbleDir is where the pebble module (a tool dependency) keeps its test certificates.
@@ -28,7 +30,7 @@ func pebbleDir(t *testing.T) string {
 
 // startPebble runs Pebble (the ACME test CA) and pebble-challtestsrv as its DNS, both on loopback.
 // httpPort and tlsPort are where Pebble validates challenges: the edge's ports.
-func startPebble(t *testing.T, httpPort, tlsPort string) (dir, root, dnsAddr, mgmt string) {
+func startPebble(t *testing.T, httpPort, tlsPort string) (dir, root, dnsAddr, mgmt, challtest string) {
 	t.Helper()
 	src := pebbleDir(t)
 	tmp := t.TempDir()
@@ -67,7 +69,8 @@ func startPebble(t *testing.T, httpPort, tlsPort string) (dir, root, dnsAddr, mg
 	minica := filepath.Join(src, "test/certs/pebble.minica.pem")
 	waitTCP(t, acmeAddr)
 	waitTCP(t, mgmtAddr)
-	return "https://" + acmeAddr + "/dir", minica, dnsAddr, mgmtAddr
+	waitTCP(t, chMgmt)
+	return "https://" + acmeAddr + "/dir", minica, dnsAddr, mgmtAddr, "http://" + chMgmt
 }
 
 type logWriter struct{ b *syncBuffer }
@@ -125,7 +128,7 @@ func TestOnDemandACME(t *testing.T) {
 	httpsAddr, httpAddr, adminAddr := freePort(t), freePort(t), freePort(t)
 	_, httpsPort, _ := net.SplitHostPort(httpsAddr)
 	_, httpPort, _ := net.SplitHostPort(httpAddr)
-	dir, minica, _, mgmt := startPebble(t, httpPort, httpsPort)
+	dir, minica, _, mgmt, _ := startPebble(t, httpPort, httpsPort)
 
 	home := t.TempDir()
 	cmd := exec.Command(binDir+"/caddy", "run", "--config", "testdata/Caddyfile.acme")
@@ -176,4 +179,112 @@ func TestOnDemandACME(t *testing.T) {
 	if len(stored) != 1 || filepath.Base(stored[0]) != host {
 		t.Fatalf("stored certificates: %v, want only %s", stored, host)
 	}
+}
+
+// TestWildcardDNS01: one DNS-01 wildcard certificate for *.preview.localhost from Pebble, with
+// pebble-challtestsrv as the DNS server Pebble asks and the provider publishes to; every preview host
+// is served under it, and no per-preview certificate is issued.
+func TestWildcardDNS01(t *testing.T) {
+	dataDir := t.TempDir()
+	key := lastLine(sandboxdCmd(t, "keys", "create", "--data-dir", dataDir, "--owner", "alice"))
+	d := startDaemon(t, dataDir, "--pool-size", "0")
+	httpsAddr, httpAddr, adminAddr := freePort(t), freePort(t), freePort(t)
+	_, httpsPort, _ := net.SplitHostPort(httpsAddr)
+	_, httpPort, _ := net.SplitHostPort(httpAddr)
+	dir, minica, dnsAddr, mgmt, challtest := startPebble(t, httpPort, httpsPort)
+
+	bin := filepath.Join(t.TempDir(), "testcaddy")
+	if out, err := exec.Command("go", "build", "-o", bin, "./internal/testcaddy").CombinedOutput(); err != nil {
+		t.Fatalf("build testcaddy: %v %s", err, out)
+	}
+	// challtestsrv answers no SOA queries, which the ACME client uses to find the zone of the
+	// challenge record: put a small DNS front before it that is authoritative for the SOA of
+	// preview.localhost and passes every other question through.
+	soaFront := startSOAFront(t, "preview.localhost.", dnsAddr)
+	home := t.TempDir()
+	cmd := exec.Command(bin, "run", "--config", "testdata/Caddyfile.wildcard")
+	cmd.Env = append(os.Environ(), "PORTHOLE_HTTPS_PORT="+httpsPort, "PORTHOLE_HTTP_PORT="+httpPort, "PORTHOLE_ADMIN="+adminAddr,
+		"PORTHOLE_DATA_DIR="+dataDir, "ACME_DIR="+dir, "ACME_ROOT="+minica, "ACME_DNS="+soaFront, "CHALLTEST_URL="+challtest,
+		"XDG_DATA_HOME="+home+"/data", "XDG_CONFIG_HOME="+home+"/config")
+	logs := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = logWriter{logs}, logWriter{logs}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(os.Interrupt)
+		cmd.Wait()
+		if t.Failed() {
+			t.Logf("caddy logs:\n%s", logs.String())
+		}
+	})
+	waitTCP(t, "127.0.0.1:"+httpsPort)
+	roots := pebbleRoots(t, mgmt, minica)
+	a := startApp(t, d, key, "one", "public")
+	b := startApp(t, d, key, "two", "public")
+	for _, id := range []string{a, b} {
+		host := "3000-" + id + ".preview.localhost"
+		var conn *tls.Conn
+		var err error
+		for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+			conn, err = tls.Dial("tcp", "127.0.0.1:"+httpsPort, &tls.Config{ServerName: host, RootCAs: roots})
+			if err == nil {
+				break
+			}
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", host, err)
+		}
+		names := conn.ConnectionState().PeerCertificates[0].DNSNames
+		if len(names) != 1 || names[0] != "*.preview.localhost" {
+			t.Fatalf("%s is served with a certificate for %v, want the wildcard", host, names)
+		}
+		fmt.Fprintf(conn, "GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", host)
+		body, _ := io.ReadAll(conn)
+		conn.Close()
+		if !strings.Contains(string(body), "hello from") {
+			t.Fatalf("%s: %q", host, body)
+		}
+	}
+	stored, _ := filepath.Glob(filepath.Join(home, "data", "caddy", "certificates", "*", "*"))
+	if len(stored) != 1 || filepath.Base(stored[0]) != "wildcard_.preview.localhost" {
+		t.Fatalf("stored certificates: %v, want only the wildcard", stored)
+	}
+}
+
+// startSOAFront serves DNS on loopback UDP: SOA questions within zone get an SOA for zone, every
+// other question is forwarded to upstream.
+func startSOAFront(t *testing.T, zone, upstream string) string {
+	t.Helper()
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
+		if len(r.Question) == 1 && r.Question[0].Qtype == dns.TypeSOA && dns.IsSubDomain(zone, r.Question[0].Name) {
+			m := new(dns.Msg)
+			m.SetReply(r)
+			m.Authoritative = true
+			soa := &dns.SOA{Hdr: dns.RR_Header{Name: zone, Rrtype: dns.TypeSOA, Class: dns.ClassINET, Ttl: 1},
+				Ns: "ns." + zone, Mbox: "hostmaster." + zone, Serial: 1, Refresh: 1, Retry: 1, Expire: 1, Minttl: 1}
+			if r.Question[0].Name == zone {
+				m.Answer = []dns.RR{soa}
+			} else {
+				m.Ns = []dns.RR{soa}
+			}
+			w.WriteMsg(m)
+			return
+		}
+		resp, err := dns.Exchange(r, upstream)
+		if err != nil {
+			m := new(dns.Msg)
+			m.SetRcode(r, dns.RcodeServerFailure)
+			w.WriteMsg(m)
+			return
+		}
+		w.WriteMsg(resp)
+	})}
+	go srv.ActivateAndServe()
+	t.Cleanup(func() { srv.Shutdown() })
+	return pc.LocalAddr().String()
 }
