@@ -50,7 +50,7 @@ func (e *edge) metric(t *testing.T, name string) float64 {
 	return 0
 }
 
-func startEdge(t *testing.T, sandboxdDataDir string) *edge {
+func startEdge(t *testing.T, sandboxdDataDir string, env ...string) *edge {
 	t.Helper()
 	httpsAddr, httpAddr, adminAddr := freePort(t), freePort(t), freePort(t)
 	_, httpsPort, _ := net.SplitHostPort(httpsAddr)
@@ -61,6 +61,7 @@ func startEdge(t *testing.T, sandboxdDataDir string) *edge {
 		"PORTHOLE_HTTPS_PORT="+httpsPort, "PORTHOLE_HTTP_PORT="+httpPort, "PORTHOLE_ADMIN="+adminAddr,
 		"PORTHOLE_PREVIEW_DOMAIN=preview.localhost", "PORTHOLE_DATA_DIR="+sandboxdDataDir,
 		"XDG_DATA_HOME="+home+"/data", "XDG_CONFIG_HOME="+home+"/config")
+	cmd.Env = append(cmd.Env, env...)
 	logs := &syncBuffer{}
 	stderr, _ := cmd.StderrPipe()
 	if err := cmd.Start(); err != nil {
@@ -411,4 +412,80 @@ func TestEdge(t *testing.T) {
 func firstLine(b []byte) string {
 	s, _, _ := strings.Cut(string(b), "\r\n")
 	return s
+}
+
+// TestEdgeWakeAndUpstreamHost: a stopped sandbox is woken by a preview request behind a wait page;
+// the upstream Host can be localhost:<port> for dev servers with host checks; the binary lists our
+// modules.
+func TestEdgeWakeAndUpstreamHost(t *testing.T) {
+	out, err := exec.Command(binDir+"/caddy", "list-modules").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []string{"http.reverse_proxy.upstreams.porthole", "tls.permission.porthole", "http.handlers.porthole_preview"} {
+		if !strings.Contains(string(out), m+"\n") {
+			t.Errorf("list-modules lacks %s", m)
+		}
+	}
+	dataDir := t.TempDir()
+	key := lastLine(sandboxdCmd(t, "keys", "create", "--data-dir", dataDir, "--owner", "alice"))
+	d := startDaemon(t, dataDir, "--pool-size", "0", "--reap-interval", "1s")
+	e := startEdge(t, dataDir, "PORTHOLE_UPSTREAM_HOST=localhost")
+	id := startApp(t, d, key, "sleepy", "public")
+	host := "3000-" + id + ".preview.localhost"
+	c := e.client()
+	resp, err := c.Get(e.url(host, "/"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if got := resp.Header.Get("X-Seen-Host"); got != "localhost:3000" {
+		t.Fatalf("the app saw Host %q, want localhost:3000", got)
+	}
+	// A session with a 1 s idle timeout: the maintenance pass (every second) stops it.
+	id2 := func() string {
+		code, ses := post(t, d.url+"/api/v1/sandbox/sessions", key, `{"language":"python","previewAccess":"public","idleTimeoutSec":1}`)
+		if code != 201 {
+			t.Fatalf("create: %d %v", code, ses)
+		}
+		return ses["id"].(string)
+	}()
+	host2 := "3000-" + id2 + ".preview.localhost"
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		code, ses := get(t, d.url+"/api/v1/sandbox/sessions/"+id2, key)
+		if code == 200 && ses["status"] == "stopped" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the idle session did not stop: %v", ses)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	resp, err = c.Get(e.url(host2, "/"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" || !strings.Contains(string(body), "Waking up") || !strings.Contains(string(body), `http-equiv="refresh"`) {
+		t.Fatalf("stopped sandbox: %d %q", resp.StatusCode, body)
+	}
+	// The request woke it; once running, the edge answers "waiting for port" (its processes ended
+	// with the stop) instead of the wake page.
+	deadline = time.Now().Add(30 * time.Second)
+	for {
+		resp, err := c.Get(e.url(host2, "/"))
+		if err == nil {
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if strings.Contains(string(body), "Waiting for port 3000") {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the woken sandbox never came back")
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
 }
