@@ -17,14 +17,20 @@ import (
 	"github.com/porthole-dev/porthole/sandboxd/session"
 	"github.com/porthole-dev/porthole/sandboxd/store"
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 )
 
-// Forwarder gives the edge a unix socket per listening sandbox port:
-// <dir>/<sandboxId>-<port>.sock exists exactly while something listens on that port inside a running
-// session. A connection to it is spliced to 127.0.0.1:<port> dialled inside the sandbox's network
-// namespace. Caddy's reverse_proxy dials these sockets as ordinary unix upstreams (keep-alive,
-// WebSockets and streaming included), and a port that is not up yet is a dial error (no such file),
-// which reverse_proxy retries while the port comes up.
+// Forwarder gives the edge two unix sockets per listening sandbox port, which exist exactly while
+// something listens on that port inside a running session:
+//
+//   - <dir>/<sandboxId>-<port>.sock: a byte stream. Each connection is spliced to 127.0.0.1:<port>
+//     dialled inside the sandbox's network namespace. Any client can use it (Caddy's reverse_proxy
+//     dials it as a plain unix upstream).
+//   - <dir>/<sandboxId>-<port>.fd.sock: the same dial, but the connected TCP socket itself is passed
+//     back (SCM_RIGHTS, one byte "S" with the descriptor; "E" without one if the dial failed), and
+//     sandboxd steps out of the data path. The edge's porthole transport uses it.
+//
+// A port that is not up yet has no socket: a dial error, which reverse_proxy retries while it comes up.
 type Forwarder struct {
 	dir      string
 	log      *zap.Logger
@@ -87,7 +93,7 @@ func (f *Forwarder) sync(ctx context.Context) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for key, ln := range f.listeners {
-		if !want[key] {
+		if !want[strings.TrimSuffix(key, ".fd")] {
 			ln.Close()
 			delete(f.listeners, key)
 		}
@@ -107,7 +113,56 @@ func (f *Forwarder) sync(ctx context.Context) {
 		}
 		f.listeners[key] = ln
 		go f.serve(ln, id, port)
+		fdPath := FDSocketPath(f.dir, id, port)
+		_ = os.Remove(fdPath)
+		fdLn, err := net.Listen("unix", fdPath)
+		if err != nil {
+			f.log.Warn("forward socket", zap.String("path", fdPath), zap.Error(err))
+			continue
+		}
+		f.listeners[key+".fd"] = fdLn
+		go f.serveFD(fdLn, id, port)
 	}
+}
+
+// FDSocketPath is where the descriptor-passing socket of a sandbox port is.
+func FDSocketPath(dir, sandboxID string, port int) string {
+	return filepath.Join(dir, sandboxID+"-"+strconv.Itoa(port)+".fd.sock")
+}
+
+func (f *Forwarder) serveFD(ln net.Listener, id string, port int) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go f.passFD(c.(*net.UnixConn), id, port)
+	}
+}
+
+// passFD dials the sandbox port and hands the connected socket to the client.
+func (f *Forwarder) passFD(client *net.UnixConn, id string, port int) {
+	defer client.Close()
+	_ = client.SetDeadline(time.Now().Add(10 * time.Second))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	upstream, err := f.rt.DialPort(ctx, id, port)
+	cancel()
+	if err != nil {
+		_, _ = client.Write([]byte("E"))
+		return
+	}
+	defer upstream.Close()
+	file, err := upstream.(*net.TCPConn).File()
+	if err != nil {
+		_, _ = client.Write([]byte("E"))
+		return
+	}
+	defer file.Close()
+	if _, _, err := client.WriteMsgUnix([]byte("S"), unix.UnixRights(int(file.Fd())), nil); err != nil {
+		f.log.Debug("pass descriptor", zap.String("sandbox", id), zap.Error(err))
+		return
+	}
+	f.sessions.Touch(id)
 }
 
 func (f *Forwarder) serve(ln net.Listener, id string, port int) {
