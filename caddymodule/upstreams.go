@@ -3,6 +3,8 @@ package caddymodule
 import (
 	"fmt"
 	"net/http"
+	"sync"
+	"sync/atomic"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -20,6 +22,7 @@ func init() {
 type Upstreams struct {
 	Config
 	client *previewproxy.Sandboxd
+	cache  *sync.Map // Target → []*reverseproxy.Upstream, reused like Caddy's SRV source does
 }
 
 // CaddyModule returns the Caddy module information.
@@ -33,6 +36,7 @@ func (u *Upstreams) Provision(ctx caddy.Context) error {
 		return err
 	}
 	u.client = previewproxy.NewSandboxd(u.DataDir)
+	u.cache = &sync.Map{}
 	return nil
 }
 
@@ -42,8 +46,22 @@ func (u *Upstreams) GetUpstreams(r *http.Request) ([]*reverseproxy.Upstream, err
 	if !ok {
 		return nil, fmt.Errorf("porthole: no preview target for this request (is porthole_preview before reverse_proxy?)")
 	}
-	return []*reverseproxy.Upstream{{Dial: u.client.UpstreamDial(tg)}}, nil
+	if ups, ok := u.cache.Load(tg); ok {
+		return ups.([]*reverseproxy.Upstream), nil
+	}
+	ups := []*reverseproxy.Upstream{{Dial: u.client.UpstreamDial(tg)}}
+	if n := cacheSize.Add(1); n > maxCachedUpstreams {
+		u.cache.Clear() // bounded: start over rather than grow with every port ever seen
+		cacheSize.Store(0)
+	}
+	u.cache.Store(tg, ups)
+	return ups, nil
 }
+
+// maxCachedUpstreams bounds the upstream cache (one entry per sandbox port seen).
+const maxCachedUpstreams = 100000
+
+var cacheSize atomic.Int64
 
 // Interface guards
 var (

@@ -162,6 +162,7 @@ func run(bin string, n int, pause time.Duration, poolSize, sessions int) error {
 	daemon := exec.Command(bin, "serve", "--listen", addr, "--data-dir", dataDir, "--log-level", "warn",
 		"--pool-size", fmt.Sprint(poolSize), "--max-parallel-runs", "8", "--max-queued-runs", "64",
 		"--max-sessions-per-owner", fmt.Sprint(max(sessions, 50)))
+	daemon.Env = os.Environ() // PORTHOLE_SANDBOX_CPUS and the like pass through
 	daemon.Stderr = os.Stderr
 	if err := daemon.Start(); err != nil {
 		return err

@@ -118,6 +118,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	memMiB := fs.num("sandbox-memory-mib", 256, "memory limit of a sandbox, MiB")
 	pids := fs.num("sandbox-pids", 128, "process and thread limit of a sandbox")
 	tmpMiB := fs.num("sandbox-tmp-mib", 64, "size of a sandbox's /tmp, MiB")
+	cpus := fs.Float64("sandbox-cpus", 1, "CPU bandwidth of a sandbox, in cores (env PORTHOLE_SANDBOX_CPUS)")
 	maxSessions := fs.num("max-sessions-per-owner", 50, "running sessions one owner may have")
 	previewPort := fs.num("preview-port", 443, "the edge's HTTPS port, shown in preview URLs unless 443")
 	reapInterval := fs.Duration("reap-interval", envDuration("reap-interval", 30*time.Second), "how often the maintenance job reconciles sandboxes with the store (env PORTHOLE_REAP_INTERVAL)")
@@ -154,6 +155,10 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	limits.MemoryBytes = int64(*memMiB) << 20
 	limits.Pids = int64(*pids)
 	limits.TmpBytes = int64(*tmpMiB) << 20
+	if v, err := strconv.ParseFloat(os.Getenv("PORTHOLE_SANDBOX_CPUS"), 64); err == nil && !flagSet(fs.FlagSet, "sandbox-cpus") {
+		*cpus = v
+	}
+	limits.CPUs = *cpus
 	rt, err := sbruntime.New(ctx, sbruntime.Config{
 		RuntimePath: *runtimePath,
 		Dir:         filepath.Join(*dataDir, "runtime"),
@@ -245,6 +250,13 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	// Durable sessions keep running: they are re-adopted at the next start.
 	log.Info("stopped; no ephemeral sandbox left", zap.Int64("sandboxesAlive", rt.Alive()))
 	return nil
+}
+
+// flagSet reports whether a flag was given on the command line.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 func envDuration(flagName string, def time.Duration) time.Duration {
