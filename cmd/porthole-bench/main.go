@@ -50,9 +50,22 @@ type stats struct {
 	lat         []time.Duration
 	wall        time.Duration
 	errors      int
+	// measured, when set, holds what an external generator (wrk) reported instead of samples.
+	measured *measured
+}
+
+type measured struct {
+	rps      float64
+	p50, p99 time.Duration
 }
 
 func (s *stats) pct(p float64) time.Duration {
+	if s.measured != nil {
+		if p >= 0.99 {
+			return s.measured.p99
+		}
+		return s.measured.p50
+	}
 	if len(s.lat) == 0 {
 		return 0
 	}
@@ -62,7 +75,12 @@ func (s *stats) pct(p float64) time.Duration {
 	return l[i]
 }
 
-func (s *stats) throughput() float64 { return float64(len(s.lat)) / s.wall.Seconds() }
+func (s *stats) throughput() float64 {
+	if s.measured != nil {
+		return s.measured.rps
+	}
+	return float64(len(s.lat)) / s.wall.Seconds()
+}
 
 // measure runs op n times with the given concurrency; pause is slept between runs of one worker.
 func measure(name string, n, concurrency int, pause time.Duration, op func() error) *stats {
@@ -163,6 +181,11 @@ func run(bin string, n int, pause time.Duration, poolSize, sessions int) error {
 		"--pool-size", fmt.Sprint(poolSize), "--max-parallel-runs", "8", "--max-queued-runs", "64",
 		"--max-sessions-per-owner", fmt.Sprint(max(sessions, 50)))
 	daemon.Env = os.Environ() // PORTHOLE_SANDBOX_CPUS and the like pass through
+	if benchEdgeCfg.on && os.Getenv("PORTHOLE_SANDBOX_CPUS") == "" {
+		// The edge is compared with a plain reverse_proxy to the same app on the host, which has no CPU
+		// quota: give the sandboxed app the same CPU, so the rows differ by the path only.
+		daemon.Env = append(daemon.Env, fmt.Sprintf("PORTHOLE_SANDBOX_CPUS=%d", nproc()))
+	}
 	daemon.Stderr = os.Stderr
 	if err := daemon.Start(); err != nil {
 		return err
