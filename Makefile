@@ -19,8 +19,12 @@ test: deps build
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 20m ./...
 
+# The edge rows use wrk when it is installed (a lighter load generator than Go's TLS client).
 bench: deps build
+	@command -v wrk >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get install -y -qq wrk >/dev/null; } || true
 	$(GO) run ./cmd/porthole-bench
+	$(GO) run ./cmd/porthole-bench -sessions 500 -pool-size 0
+	$(GO) run ./cmd/porthole-bench -edge -pool-size 0
 
 fmt:
 	gofmt -w $$(git ls-files '*.go')
