@@ -119,72 +119,18 @@ func pebbleRoots(t *testing.T, mgmt, minica string) *x509.CertPool {
 	return pool
 }
 
-// TestOnDemandACME: the edge gets a preview certificate from Pebble through on-demand TLS, only for a
-// live sandbox, with real ACME validation (Pebble connects back to the edge).
-func TestOnDemandACME(t *testing.T) {
-	dataDir := t.TempDir()
-	key := lastLine(sandboxdCmd(t, "keys", "create", "--data-dir", dataDir, "--owner", "alice"))
-	d := startDaemon(t, dataDir, "--pool-size", "0")
-	httpsAddr, httpAddr, adminAddr := freePort(t), freePort(t), freePort(t)
-	_, httpsPort, _ := net.SplitHostPort(httpsAddr)
-	_, httpPort, _ := net.SplitHostPort(httpAddr)
-	dir, minica, _, mgmt, _ := startPebble(t, httpPort, httpsPort)
-
-	home := t.TempDir()
-	cmd := exec.Command(binDir+"/caddy", "run", "--config", "testdata/Caddyfile.acme")
-	cmd.Env = append(os.Environ(), "PORTHOLE_HTTPS_PORT="+httpsPort, "PORTHOLE_HTTP_PORT="+httpPort, "PORTHOLE_ADMIN="+adminAddr,
-		"PORTHOLE_DATA_DIR="+dataDir, "ACME_DIR="+dir, "ACME_ROOT="+minica,
-		"XDG_DATA_HOME="+home+"/data", "XDG_CONFIG_HOME="+home+"/config")
-	logs := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = logWriter{logs}, logWriter{logs}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Signal(os.Interrupt)
-		cmd.Wait()
-		if t.Failed() {
-			t.Logf("caddy logs:\n%s", logs.String())
-		}
-	})
-	waitTCP(t, "127.0.0.1:"+httpsPort)
-
-	id := startApp(t, d, key, "acme", "public")
-	host := "3000-" + id + ".preview.localhost"
-	roots := pebbleRoots(t, mgmt, minica)
-	var conn *tls.Conn
-	var err error
-	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
-		conn, err = tls.Dial("tcp", "127.0.0.1:"+httpsPort, &tls.Config{ServerName: host, RootCAs: roots})
-		if err == nil {
-			break
-		}
-	}
-	if err != nil {
-		t.Fatalf("no certificate from Pebble for %s: %v", host, err)
-	}
-	fmt.Fprintf(conn, "GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", host)
-	body, _ := io.ReadAll(conn)
-	conn.Close()
-	if !strings.Contains(string(body), "hello from acme") {
-		t.Fatalf("through the ACME-certified edge: %q", body)
-	}
-	// An unknown sandbox gets nothing: no handshake, no order at Pebble, nothing in storage.
-	unknown := "3000-" + strings.Repeat("u", 26) + ".preview.localhost"
-	if c, err := tls.Dial("tcp", "127.0.0.1:"+httpsPort, &tls.Config{ServerName: unknown, InsecureSkipVerify: true}); err == nil {
-		c.Close()
-		t.Fatal("a handshake for an unknown sandbox succeeded")
-	}
-	stored, _ := filepath.Glob(filepath.Join(home, "data", "caddy", "certificates", "*", "*"))
-	if len(stored) != 1 || filepath.Base(stored[0]) != host {
-		t.Fatalf("stored certificates: %v, want only %s", stored, host)
-	}
+// acmeStack is sandboxd, Pebble (with pebble-challtestsrv) and a Caddy binary running config.
+type acmeStack struct {
+	d         *daemon
+	key       string
+	httpsPort string
+	home      string // Caddy's XDG dirs
+	roots     *x509.CertPool
 }
 
-// TestWildcardDNS01: one DNS-01 wildcard certificate for *.preview.localhost from Pebble, with
-// pebble-challtestsrv as the DNS server Pebble asks and the provider publishes to; every preview host
-// is served under it, and no per-preview certificate is issued.
-func TestWildcardDNS01(t *testing.T) {
+// startACMEStack starts the stack; env adds settings for the Caddyfile given Pebble's addresses.
+func startACMEStack(t *testing.T, caddyBin, config string, env func(dir, minica, dnsAddr, challtest string) []string) *acmeStack {
+	t.Helper()
 	dataDir := t.TempDir()
 	key := lastLine(sandboxdCmd(t, "keys", "create", "--data-dir", dataDir, "--owner", "alice"))
 	d := startDaemon(t, dataDir, "--pool-size", "0")
@@ -193,19 +139,11 @@ func TestWildcardDNS01(t *testing.T) {
 	_, httpPort, _ := net.SplitHostPort(httpAddr)
 	dir, minica, dnsAddr, mgmt, challtest := startPebble(t, httpPort, httpsPort)
 
-	bin := filepath.Join(t.TempDir(), "testcaddy")
-	if out, err := exec.Command("go", "build", "-o", bin, "./internal/testcaddy").CombinedOutput(); err != nil {
-		t.Fatalf("build testcaddy: %v %s", err, out)
-	}
-	// challtestsrv answers no SOA queries, which the ACME client uses to find the zone of the
-	// challenge record: put a small DNS front before it that is authoritative for the SOA of
-	// preview.localhost and passes every other question through.
-	soaFront := startSOAFront(t, "preview.localhost.", dnsAddr)
 	home := t.TempDir()
-	cmd := exec.Command(bin, "run", "--config", "testdata/Caddyfile.wildcard")
+	cmd := exec.Command(caddyBin, "run", "--config", config)
 	cmd.Env = append(os.Environ(), "PORTHOLE_HTTPS_PORT="+httpsPort, "PORTHOLE_HTTP_PORT="+httpPort, "PORTHOLE_ADMIN="+adminAddr,
-		"PORTHOLE_DATA_DIR="+dataDir, "ACME_DIR="+dir, "ACME_ROOT="+minica, "ACME_DNS="+soaFront, "CHALLTEST_URL="+challtest,
-		"XDG_DATA_HOME="+home+"/data", "XDG_CONFIG_HOME="+home+"/config")
+		"PORTHOLE_DATA_DIR="+dataDir, "XDG_DATA_HOME="+home+"/data", "XDG_CONFIG_HOME="+home+"/config")
+	cmd.Env = append(cmd.Env, env(dir, minica, dnsAddr, challtest)...)
 	logs := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = logWriter{logs}, logWriter{logs}
 	if err := cmd.Start(); err != nil {
@@ -219,22 +157,79 @@ func TestWildcardDNS01(t *testing.T) {
 		}
 	})
 	waitTCP(t, "127.0.0.1:"+httpsPort)
-	roots := pebbleRoots(t, mgmt, minica)
-	a := startApp(t, d, key, "one", "public")
-	b := startApp(t, d, key, "two", "public")
+	return &acmeStack{d: d, key: key, httpsPort: httpsPort, home: home, roots: pebbleRoots(t, mgmt, minica)}
+}
+
+// dialVerified retries a TLS handshake for host, verified against Pebble's roots, while the
+// certificate is being obtained (up to a minute).
+func (s *acmeStack) dialVerified(t *testing.T, host string) *tls.Conn {
+	t.Helper()
+	var err error
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+		var conn *tls.Conn
+		if conn, err = tls.Dial("tcp", "127.0.0.1:"+s.httpsPort, &tls.Config{ServerName: host, RootCAs: s.roots}); err == nil {
+			return conn
+		}
+	}
+	t.Fatalf("no certificate from Pebble for %s: %v", host, err)
+	return nil
+}
+
+// storedCertificates lists the names Caddy keeps certificates for.
+func (s *acmeStack) storedCertificates() []string {
+	dirs, _ := filepath.Glob(filepath.Join(s.home, "data", "caddy", "certificates", "*", "*"))
+	var names []string
+	for _, d := range dirs {
+		names = append(names, filepath.Base(d))
+	}
+	return names
+}
+
+// TestOnDemandACME: the edge gets a preview certificate from Pebble through on-demand TLS, only for a
+// live sandbox, with real ACME validation (Pebble connects back to the edge).
+func TestOnDemandACME(t *testing.T) {
+	st := startACMEStack(t, binDir+"/caddy", "testdata/Caddyfile.acme", func(dir, minica, _, _ string) []string {
+		return []string{"ACME_DIR=" + dir, "ACME_ROOT=" + minica}
+	})
+	id := startApp(t, st.d, st.key, "acme", "public")
+	host := "3000-" + id + ".preview.localhost"
+	conn := st.dialVerified(t, host)
+	fmt.Fprintf(conn, "GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", host)
+	body, _ := io.ReadAll(conn)
+	conn.Close()
+	if !strings.Contains(string(body), "hello from acme") {
+		t.Fatalf("through the ACME-certified edge: %q", body)
+	}
+	// An unknown sandbox gets nothing: no handshake, no order at Pebble, nothing in storage.
+	unknown := "3000-" + strings.Repeat("u", 26) + ".preview.localhost"
+	if c, err := tls.Dial("tcp", "127.0.0.1:"+st.httpsPort, &tls.Config{ServerName: unknown, InsecureSkipVerify: true}); err == nil {
+		c.Close()
+		t.Fatal("a handshake for an unknown sandbox succeeded")
+	}
+	if stored := st.storedCertificates(); len(stored) != 1 || stored[0] != host {
+		t.Fatalf("stored certificates: %v, want only %s", stored, host)
+	}
+}
+
+// TestWildcardDNS01: one DNS-01 wildcard certificate for *.preview.localhost from Pebble, with
+// pebble-challtestsrv as the DNS server Pebble asks and the provider publishes to; every preview host
+// is served under it, and no per-preview certificate is issued.
+func TestWildcardDNS01(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "testcaddy")
+	if out, err := exec.Command("go", "build", "-o", bin, "./internal/testcaddy").CombinedOutput(); err != nil {
+		t.Fatalf("build testcaddy: %v %s", err, out)
+	}
+	st := startACMEStack(t, bin, "testdata/Caddyfile.wildcard", func(dir, minica, dnsAddr, challtest string) []string {
+		// challtestsrv answers no SOA queries, which the ACME client uses to find the zone of the
+		// challenge record: a small DNS front before it is authoritative for the SOA of
+		// preview.localhost and passes every other question through.
+		return []string{"ACME_DIR=" + dir, "ACME_ROOT=" + minica, "ACME_DNS=" + startSOAFront(t, "preview.localhost.", dnsAddr), "CHALLTEST_URL=" + challtest}
+	})
+	a := startApp(t, st.d, st.key, "one", "public")
+	b := startApp(t, st.d, st.key, "two", "public")
 	for _, id := range []string{a, b} {
 		host := "3000-" + id + ".preview.localhost"
-		var conn *tls.Conn
-		var err error
-		for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
-			conn, err = tls.Dial("tcp", "127.0.0.1:"+httpsPort, &tls.Config{ServerName: host, RootCAs: roots})
-			if err == nil {
-				break
-			}
-		}
-		if err != nil {
-			t.Fatalf("%s: %v", host, err)
-		}
+		conn := st.dialVerified(t, host)
 		names := conn.ConnectionState().PeerCertificates[0].DNSNames
 		if len(names) != 1 || names[0] != "*.preview.localhost" {
 			t.Fatalf("%s is served with a certificate for %v, want the wildcard", host, names)
@@ -246,8 +241,7 @@ func TestWildcardDNS01(t *testing.T) {
 			t.Fatalf("%s: %q", host, body)
 		}
 	}
-	stored, _ := filepath.Glob(filepath.Join(home, "data", "caddy", "certificates", "*", "*"))
-	if len(stored) != 1 || filepath.Base(stored[0]) != "wildcard_.preview.localhost" {
+	if stored := st.storedCertificates(); len(stored) != 1 || stored[0] != "wildcard_.preview.localhost" {
 		t.Fatalf("stored certificates: %v, want only the wildcard", stored)
 	}
 }
