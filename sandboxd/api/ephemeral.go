@@ -148,18 +148,15 @@ func (s *Server) handleEphemeral(w http.ResponseWriter, r *http.Request) {
 	}
 	resp, e := s.runEphemeral(r.Context(), ownerFrom(r.Context()), lang, run)
 	if e != nil {
-		if e.status == http.StatusTooManyRequests {
-			w.Header().Set("Retry-After", "1")
-		}
-		writeError(w, r, e.status, e.code, e.message)
+		s.fail(w, r, e) // sets Retry-After on a 429
 		return
 	}
 	writeJSON(w, http.StatusOK, resp)
 }
 
-// runEphemeral runs code once in a fresh sandbox that nothing else ever uses.
-func (s *Server) runEphemeral(ctx context.Context, owner string, lang runtime.Language, run runtime.RunRequest) (*runResponse, *apiError) {
-	log := s.loggerFrom(ctx)
+// admit takes a run slot (waiting in the queue if need be), or says why not: 429 when every slot
+// and queue place is taken. The returned func gives the slot back.
+func (s *Server) admit(ctx context.Context) (func(), *apiError) {
 	release, err := s.limiter.acquire(ctx)
 	if errors.Is(err, errQueueFull) {
 		return nil, &apiError{http.StatusTooManyRequests, CodeRateLimited,
@@ -167,6 +164,28 @@ func (s *Server) runEphemeral(ctx context.Context, owner string, lang runtime.La
 	}
 	if err != nil {
 		return nil, &apiError{http.StatusServiceUnavailable, CodeUnavailable, "request canceled while queued"}
+	}
+	return release, nil
+}
+
+// account counts a finished run in /metrics and appends it to the owner's run log.
+func (s *Server) account(ctx context.Context, id, owner, kind string, lang runtime.Language, res *runtime.RunResult) {
+	s.metrics.runs.WithLabelValues(string(lang), res.Outcome).Inc()
+	s.metrics.runDuration.WithLabelValues(string(lang)).Observe(res.Duration.Seconds())
+	if err := s.store.RecordRun(context.WithoutCancel(ctx), store.Run{
+		ID: id, Owner: owner, Kind: kind, Language: string(lang), Outcome: res.Outcome,
+		DurationMs: res.Duration.Milliseconds(), CreatedAt: time.Now(),
+	}); err != nil {
+		s.loggerFrom(ctx).Error("record run", zap.Error(err))
+	}
+}
+
+// runEphemeral runs code once in a fresh sandbox that nothing else ever uses.
+func (s *Server) runEphemeral(ctx context.Context, owner string, lang runtime.Language, run runtime.RunRequest) (*runResponse, *apiError) {
+	log := s.loggerFrom(ctx)
+	release, e := s.admit(ctx)
+	if e != nil {
+		return nil, e
 	}
 	defer release()
 
@@ -180,14 +199,7 @@ func (s *Server) runEphemeral(ctx context.Context, owner string, lang runtime.La
 		s.metrics.runs.WithLabelValues(string(lang), "canceled").Inc()
 		return nil, &apiError{http.StatusServiceUnavailable, CodeUnavailable, "the run was canceled before it finished"}
 	}
-	s.metrics.runs.WithLabelValues(string(lang), res.Outcome).Inc()
-	s.metrics.runDuration.WithLabelValues(string(lang)).Observe(res.Duration.Seconds())
-	if err := s.store.RecordRun(context.WithoutCancel(ctx), store.Run{
-		ID: sb.ID, Owner: owner, Kind: "ephemeral", Language: string(lang), Outcome: res.Outcome,
-		DurationMs: res.Duration.Milliseconds(), CreatedAt: time.Now(),
-	}); err != nil {
-		log.Error("record run", zap.Error(err))
-	}
+	s.account(ctx, sb.ID, owner, "ephemeral", lang, res)
 	log.Debug("run", zap.String("sandbox", sb.ID), zap.String("language", string(lang)), zap.String("outcome", res.Outcome), zap.Duration("duration", res.Duration))
 
 	// A run that left no state (it died, or its state was refused) returns the state it started

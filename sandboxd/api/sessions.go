@@ -236,13 +236,9 @@ func (s *Server) handleExecute(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, e)
 		return
 	}
-	release, err := s.limiter.acquire(r.Context())
-	if errors.Is(err, errQueueFull) {
-		s.fail(w, r, &apiError{http.StatusTooManyRequests, CodeRateLimited, "all run slots and queue places are taken; retry after the Retry-After delay"})
-		return
-	}
-	if err != nil {
-		s.fail(w, r, &apiError{http.StatusServiceUnavailable, CodeUnavailable, "request canceled while queued"})
+	release, ae := s.admit(r.Context())
+	if ae != nil {
+		s.fail(w, r, ae)
 		return
 	}
 	defer release()
@@ -251,12 +247,7 @@ func (s *Server) handleExecute(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	s.metrics.runs.WithLabelValues(string(lang), res.Outcome).Inc()
-	s.metrics.runDuration.WithLabelValues(string(lang)).Observe(res.Duration.Seconds())
-	if err := s.store.RecordRun(r.Context(), store.Run{ID: runtime.NewID(), Owner: owner, Kind: "session", Language: string(lang),
-		Outcome: res.Outcome, DurationMs: res.Duration.Milliseconds(), CreatedAt: time.Now()}); err != nil {
-		s.loggerFrom(r.Context()).Error("record run", zap.Error(err))
-	}
+	s.account(r.Context(), runtime.NewID(), owner, "session", lang, res)
 	writeJSON(w, http.StatusOK, responseOf(id, res, run.State))
 }
 
