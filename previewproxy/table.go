@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -109,8 +108,6 @@ type Table struct {
 	mu       sync.RWMutex
 	routes   map[string]Route
 	negative map[string]time.Time
-	synced   atomic.Bool // a snapshot has arrived
-	resolves atomic.Int64
 }
 
 // NewTable makes a table for domain fed by client.
@@ -122,16 +119,6 @@ func NewTable(domain string, client *Sandboxd, log *zap.Logger) *Table {
 
 // Client returns the sandboxd client.
 func (t *Table) Client() *Sandboxd { return t.client }
-
-// Resolves counts the questions sent to sandboxd on misses.
-func (t *Table) Resolves() int64 { return t.resolves.Load() }
-
-// Size is the number of sandboxes known.
-func (t *Table) Size() int {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	return len(t.routes)
-}
 
 // Lookup returns the route of a parsed target. ok is false for an unknown sandbox.
 func (t *Table) Lookup(ctx context.Context, tg Target) (Route, bool) {
@@ -149,7 +136,6 @@ func (t *Table) Lookup(ctx context.Context, tg Target) (Route, bool) {
 	if !t.resolveLimit.Allow() {
 		return Route{}, false
 	}
-	t.resolves.Add(1)
 	if t.OnResolve != nil {
 		t.OnResolve()
 	}
@@ -193,7 +179,6 @@ func (t *Table) apply(ev string, data []byte) error {
 		t.mu.Lock()
 		t.routes, t.negative = m, map[string]time.Time{}
 		t.mu.Unlock()
-		t.synced.Store(true)
 	case "upsert", "delete":
 		var r Route
 		if err := json.Unmarshal(data, &r); err != nil {
