@@ -223,17 +223,22 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer client.Close()
+	// Bytes the client sent right after the handshake may sit in the server's buffer.
+	var pending []byte
+	if n := buf.Reader.Buffered(); n > 0 {
+		pending, _ = buf.Reader.Peek(n)
+	}
+	pipe(client, upstream, pending)
+}
+
+// pipe copies bytes both ways between client and upstream (pending first, towards upstream) until
+// both directions end, half-closing each side as its input ends.
+func pipe(client, upstream net.Conn, pending []byte) {
 	done := make(chan struct{}, 2)
 	go func() {
-		// Bytes the client sent right after the handshake may sit in the server's buffer.
-		if n := buf.Reader.Buffered(); n > 0 {
-			b, _ := buf.Reader.Peek(n)
-			if _, err := upstream.Write(b); err != nil {
-				done <- struct{}{}
-				return
-			}
+		if _, err := upstream.Write(pending); err == nil {
+			_, _ = io.Copy(upstream, client)
 		}
-		_, _ = io.Copy(upstream, client)
 		closeWrite(upstream)
 		done <- struct{}{}
 	}()

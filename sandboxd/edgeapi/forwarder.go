@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -144,9 +143,7 @@ func (f *Forwarder) serveFD(ln net.Listener, id string, port int) {
 func (f *Forwarder) passFD(client *net.UnixConn, id string, port int) {
 	defer client.Close()
 	_ = client.SetDeadline(time.Now().Add(10 * time.Second))
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	upstream, err := f.rt.DialPort(ctx, id, port)
-	cancel()
+	upstream, err := f.dial(id, port)
 	if err != nil {
 		_, _ = client.Write([]byte("E"))
 		return
@@ -160,9 +157,22 @@ func (f *Forwarder) passFD(client *net.UnixConn, id string, port int) {
 	defer file.Close()
 	if _, _, err := client.WriteMsgUnix([]byte("S"), unix.UnixRights(int(file.Fd())), nil); err != nil {
 		f.log.Debug("pass descriptor", zap.String("sandbox", id), zap.Error(err))
-		return
+	}
+}
+
+// dial connects to a sandbox port inside its namespace; a connection counts as the session's activity.
+func (f *Forwarder) dial(id string, port int) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := f.rt.DialPort(ctx, id, port)
+	if err != nil {
+		if !errors.Is(err, runtime.ErrNotRunning) {
+			f.log.Debug("dial into sandbox", zap.String("sandbox", id), zap.Int("port", port), zap.Error(err))
+		}
+		return nil, err
 	}
 	f.sessions.Touch(id)
+	return conn, nil
 }
 
 func (f *Forwarder) serve(ln net.Listener, id string, port int) {
@@ -177,22 +187,12 @@ func (f *Forwarder) serve(ln net.Listener, id string, port int) {
 
 func (f *Forwarder) splice(client net.Conn, id string, port int) {
 	defer client.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	upstream, err := f.rt.DialPort(ctx, id, port)
-	cancel()
+	upstream, err := f.dial(id, port)
 	if err != nil {
-		if !errors.Is(err, runtime.ErrNotRunning) {
-			f.log.Debug("dial into sandbox", zap.String("sandbox", id), zap.Int("port", port), zap.Error(err))
-		}
 		return
 	}
 	defer upstream.Close()
-	f.sessions.Touch(id)
-	done := make(chan struct{}, 2)
-	go func() { _, _ = io.Copy(upstream, client); closeWrite(upstream); done <- struct{}{} }()
-	go func() { _, _ = io.Copy(client, upstream); closeWrite(client); done <- struct{}{} }()
-	<-done
-	<-done
+	pipe(client, upstream, nil)
 }
 
 func (f *Forwarder) closeAll() {
