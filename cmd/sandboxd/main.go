@@ -266,17 +266,36 @@ func envDuration(flagName string, def time.Duration) time.Duration {
 	return def
 }
 
-func owners(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// storeCommand prepares a subcommand of group that works on the store: it requires the subcommand,
+// parses its flags (--data-dir, plus those define adds), and opens the store (creating the data dir
+// when create is set). The caller closes the store.
+func storeCommand(ctx context.Context, group, subcommands string, args []string, stderr io.Writer, create bool, define func(flags)) (flags, *store.Store, error) {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
-		return errors.New("owners: a subcommand is required: list or delete")
+		return flags{}, nil, fmt.Errorf("%s: a subcommand is required: %s", group, subcommands)
 	}
-	fs := newFlags("owners "+args[0], stderr)
+	fs := newFlags(group+" "+args[0], stderr)
 	dataDir := fs.str("data-dir", "/var/lib/porthole", "data directory")
+	if define != nil {
+		define(fs)
+	}
 	if err := fs.Parse(args[1:]); err != nil {
-		return err
+		return flags{}, nil, err
+	}
+	if create {
+		if err := os.MkdirAll(*dataDir, 0o700); err != nil {
+			return flags{}, nil, fmt.Errorf("data dir: %w", err)
+		}
 	}
 	st, err := store.Open(ctx, *dataDir)
+	if err != nil {
+		return flags{}, nil, err
+	}
+	return fs, st, nil
+}
+
+func owners(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs, st, err := storeCommand(ctx, "owners", "list or delete", args, stderr, false, nil)
 	if err != nil {
 		return err
 	}
@@ -305,23 +324,12 @@ func owners(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 }
 
 func keys(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
-		return errors.New("keys: a subcommand is required: create, list or revoke")
-	}
-	fs := newFlags("keys "+args[0], stderr)
-	dataDir := fs.str("data-dir", "/var/lib/porthole", "data directory")
 	var owner *string
-	if args[0] == "create" {
-		owner = fs.str("owner", "", "owner of the new key (created if new)")
-	}
-	if err := fs.Parse(args[1:]); err != nil {
-		return err
-	}
-	if err := os.MkdirAll(*dataDir, 0o700); err != nil {
-		return fmt.Errorf("data dir: %w", err)
-	}
-	st, err := store.Open(ctx, *dataDir)
+	fs, st, err := storeCommand(ctx, "keys", "create, list or revoke", args, stderr, true, func(fs flags) {
+		if args[0] == "create" {
+			owner = fs.str("owner", "", "owner of the new key (created if new)")
+		}
+	})
 	if err != nil {
 		return err
 	}
